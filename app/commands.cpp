@@ -1,0 +1,131 @@
+// Subcommand implementations: train, eval, schedule, config. Each turns the parsed command line into a
+// validated config and a process grid, then hands over to the trainer or prints what was asked for.
+#include "app/commands.h"
+
+#include <mpi.h>
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "app/config.h"
+#include "app/launch_env.h"
+#include "app/logging.h"
+#include "app/metrics.h"
+#include "app/trainer.h"
+#include "model/ops/backend.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace gpt {
+
+namespace {
+
+Config load_or_startup_error(const ParsedArgs& args) {
+  if (args.config.empty()) throw StartupError("--config FILE is required for '" + args.command + "'");
+  try {
+    return load_config(args.config, args.sets);
+  } catch (const std::exception& e) {
+    throw StartupError(e.what());
+  }
+}
+
+// Layout rules that need both the model and the world size; identical on every rank.
+GridLayout layout_or_startup_error(const Config& cfg, int world) {
+  try {
+    GridLayout layout = grid_layout_from_config(cfg.parallel, world);
+    validate_pipeline_layout(static_cast<int>(cfg.model.num_layers), layout.pp(),
+                             static_cast<int>(cfg.parallel.virtual_pipeline));
+    const int64_t per_step = cfg.training.micro_batch_size * layout.dp();
+    if (cfg.training.global_batch_size % per_step != 0)
+      throw std::invalid_argument("training.global_batch_size (" + std::to_string(cfg.training.global_batch_size) +
+                                  ") is not divisible by micro_batch_size x data-parallel size (" +
+                                  std::to_string(per_step) + ")");
+    const int m = static_cast<int>(cfg.training.global_batch_size / per_step);
+    validate_schedule_args(layout.pp(), static_cast<int>(cfg.parallel.virtual_pipeline), m);
+    return layout;
+  } catch (const std::invalid_argument& e) {
+    throw StartupError(std::string("config ") + cfg.source + ": " + e.what());
+  }
+}
+
+void set_threads(const Config& cfg) {
+  if (cfg.training.threads > 0) omp_set_num_threads(static_cast<int>(cfg.training.threads));
+  openblas_set_num_threads(omp_get_max_threads());
+}
+
+}  // namespace
+
+int schedule_main(const ParsedArgs& args) {
+  args.check_options({"pp", "vpp", "microbatches"});
+  try {
+    int p = static_cast<int>(args.get_int("pp", 1));
+    int v = static_cast<int>(args.get_int("vpp", 1));
+    int m = static_cast<int>(args.get_int("microbatches", 1));
+    std::cout << format_schedule(p, v, m);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "gpt-train schedule: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+int config_main(const ParsedArgs& args) {
+  args.check_options({"dump"});
+  try {
+    Config cfg = args.config.empty() ? load_config_string("{}", "<defaults>", args.sets)
+                                     : load_config(args.config, args.sets);
+    std::cout << dump_config(cfg);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "gpt-train config: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+int run_distributed_command(const ParsedArgs& args) {
+  if (args.command != "train" && args.command != "eval")
+    throw StartupError("subcommand '" + args.command + "' is not available in this build");
+  args.check_options({"load", "iters"});
+  Config cfg = load_or_startup_error(args);
+  if (args.has("load")) cfg.checkpoint.load = args.get("load");
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  init_logging(rank, cfg.logging.level, cfg.logging.all_ranks);
+  LaunchInfo launch = reconcile_with_mpi(discover_launch_env());
+  GridLayout layout = layout_or_startup_error(cfg, world);
+  ParallelState ps = mpi_parallel_state(layout);
+  set_threads(cfg);
+  auto backend = make_backend(cfg.backend, launch.env.local_rank);
+
+  if (rank == 0) {
+    spdlog::info("gpt-train {} on {} rank(s), backend {}, launcher {}", args.command, world, backend->name(),
+                 launcher_name(launch.env.launcher));
+    spdlog::info("effective config (from {}):\n{}", cfg.source, dump_config(cfg));
+    spdlog::info("layout:\n{}", describe_layout(layout, launch.hosts));
+  }
+  for (const auto& w : layout_warnings(layout, launch.hosts))
+    if (rank == 0) spdlog::warn("{}", w);
+
+  Trainer trainer(cfg, ps, *backend);
+  if (args.command == "train") {
+    trainer.train();
+    return 0;
+  }
+  int64_t iters = args.get_int("iters", cfg.eval.iters);
+  auto source = make_synthetic_source(cfg.data.synthetic, cfg.model.seq_length, cfg.model.vocab_size,
+                                      static_cast<uint64_t>(cfg.training.seed) + 1);
+  double loss = trainer.evaluate(*source, iters);
+  if (rank == 0) {
+    spdlog::info("validation loss {:.6f} | perplexity {:.4f} | {} batches", loss, std::exp(loss), iters);
+    if (!cfg.logging.metrics_file.empty())
+      MetricsWriter(cfg.logging.metrics_file).write_eval(trainer.iteration(), "valid", loss, std::exp(loss));
+  }
+  return 0;
+}
+
+}  // namespace gpt

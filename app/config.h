@@ -1,0 +1,119 @@
+// The typed, validated configuration of one run. Loaded once at start-up from YAML (plus --set overrides),
+// checked against a single key table (app/config_schema.cpp) so that an unknown key, a wrong type or an
+// impossible value stops with an error naming the key and the file. The effective config is printed into
+// the log and (later) stored in every checkpoint.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+struct ModelConfig {
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t num_heads = 4;
+  int64_t ffn_hidden_size = 0;  // 0 = 4 * hidden_size
+  int64_t seq_length = 64;
+  int64_t vocab_size = 256;
+  int64_t make_vocab_size_divisible_by = 128;  // padded vocab is a multiple of this * tensor parallel
+  double layernorm_eps = 1e-5;
+  double init_std = 0.02;
+};
+
+struct ParallelConfig {
+  int64_t tensor = 1;
+  int64_t pipeline = 1;
+  int64_t virtual_pipeline = 1;
+  int64_t data = 0;  // 0 = world / (tensor * pipeline)
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  int64_t bucket_size_mb = 25;
+};
+
+struct TrainingConfig {
+  int64_t micro_batch_size = 4;
+  int64_t global_batch_size = 8;
+  int64_t train_iters = 100;
+  int64_t seed = 1234;
+  std::string recompute = "none";  // none | selective | full
+  int64_t threads = 0;             // 0 = OpenMP default
+};
+
+struct OptimizerConfig {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  int64_t warmup_iters = 10;
+  int64_t decay_iters = 0;  // 0 = train_iters
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double clip_grad = 1.0;  // 0 disables clipping
+};
+
+struct PrecisionConfig {
+  std::string dtype = "fp32";  // fp32 | bf16 | fp16
+};
+
+struct DataConfig {
+  std::vector<std::string> train;  // empty = synthetic data
+  std::vector<std::string> valid;
+  std::string split = "969,30,1";
+  std::string tokenizer = "bytes";
+  std::string synthetic = "random";  // random | pattern (a repeating sequence, for memorization)
+};
+
+struct CheckpointConfig {
+  std::string dir;
+  int64_t save_interval = 0;
+  int64_t keep_last = 2;
+  std::string load;
+};
+
+struct EvalConfig {
+  int64_t interval = 0;
+  int64_t iters = 10;
+};
+
+struct LoggingConfig {
+  int64_t interval = 1;
+  std::string metrics_file;
+  std::string level = "info";
+  bool all_ranks = false;
+  double peak_tflops = 0;  // per device, for MFU; 0 = not reported
+};
+
+struct Config {
+  std::string backend = "cpu";
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  PrecisionConfig precision;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  EvalConfig eval;
+  LoggingConfig logging;
+  std::string source = "<defaults>";  // file the config came from, for error messages
+
+  int64_t ffn_hidden() const { return model.ffn_hidden_size ? model.ffn_hidden_size : 4 * model.hidden_size; }
+};
+
+// Thrown for any config problem; the message names the key and the source file.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Loads `path` (YAML), applies `overrides` ("key.path=value", typed as in YAML), validates. Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from an in-memory YAML string (tests); `source` names it in errors.
+Config load_config_string(const std::string& yaml, const std::string& source,
+                          const std::vector<std::string>& overrides = {});
+// Checks values that do not depend on the world size (hidden % heads, ...). Throws ConfigError.
+void validate_config(const Config& c);
+// Every key with its current value, as YAML (used for the log, `gpt-train config --dump` and checkpoints).
+std::string dump_config(const Config& c);
+
+}  // namespace gpt

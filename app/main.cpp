@@ -1,0 +1,59 @@
+// gpt-train entry point: parses the command line, starts MPI, and dispatches to a subcommand.
+// Start-up errors that every rank hits alike (config, layout) are printed once by rank 0 and every rank
+// exits 1; an error on one rank later on aborts the whole job with a message naming that rank, so no
+// rank is left waiting in a collective.
+#include <mpi.h>
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "app/cli.h"
+#include "app/commands.h"
+#include "app/config.h"
+
+namespace {
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gpt::ParsedArgs args;
+  try {
+    args = gpt::parse_args(argc, argv);
+  } catch (const gpt::CliError& e) {
+    std::fprintf(stderr, "gpt-train: %s\n", e.what());
+    return 2;
+  }
+  if (args.help || args.command.empty()) {
+    std::cout << gpt::usage_text();
+    return args.help ? 0 : 2;
+  }
+  // Subcommands that need no MPI run before MPI_Init so they work without a launcher.
+  if (args.command == "schedule") return gpt::schedule_main(args);
+  if (args.command == "config") return gpt::config_main(args);
+  if (args.command == "prep") return gpt::prep_command(args);
+
+  MPI_Init(&argc, &argv);
+  const int rank = world_rank();
+  int rc = 0;
+  try {
+    rc = gpt::run_distributed_command(args);
+  } catch (const gpt::StartupError& e) {
+    // Every rank threw the same error from the same inputs.
+    if (rank == 0) std::fprintf(stderr, "gpt-train: error: %s\n", e.what());
+    rc = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt-train: [rank %d] error: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}

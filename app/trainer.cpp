@@ -1,0 +1,190 @@
+// Training loop: model construction for this rank's pipeline chunks, one step = pipeline forward/backward
+// over the microbatches, gradient reduction, clipping, AdamW, logging.
+#include "app/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "app/flops.h"
+#include "app/logging.h"
+#include "app/metrics.h"
+#include "data/batch_loader.h"
+#include "parallel/grad_sync.h"
+#include "parallel/pipeline_executor.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace gpt {
+
+namespace {
+DType dtype_from_name(const std::string& name) {
+  if (name == "fp32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "fp16") return DType::F16;
+  throw ConfigError("precision.dtype: unknown dtype '" + name + "'");
+}
+}  // namespace
+
+ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank) {
+  ModelSpec s;
+  s.num_layers = cfg.model.num_layers;
+  s.hidden = cfg.model.hidden_size;
+  s.heads = cfg.model.num_heads;
+  s.ffn = cfg.ffn_hidden();
+  s.seq_length = cfg.model.seq_length;
+  s.vocab_size = cfg.model.vocab_size;
+  s.padded_vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, tp_size);
+  s.eps = static_cast<float>(cfg.model.layernorm_eps);
+  s.init_std = static_cast<float>(cfg.model.init_std);
+  s.tp_size = tp_size;
+  s.tp_rank = tp_rank;
+  s.dtype = dtype_from_name(cfg.precision.dtype);
+  return s;
+}
+
+Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
+    : cfg_(cfg), ps_(ps), backend_(backend), spec_(model_spec_from_config(cfg, ps.tp_size(), ps.tp_rank())) {
+  const int p = ps.pp_size(), v = static_cast<int>(cfg.parallel.virtual_pipeline);
+  validate_pipeline_layout(static_cast<int>(cfg.model.num_layers), p, v);
+  for (int c = 0; c < v; ++c) {
+    auto [begin, end] = chunk_layer_range(static_cast<int>(cfg.model.num_layers), p, v, ps.pp_rank(), c);
+    bool first = ps.pp_rank() == 0 && c == 0;
+    bool last = ps.pp_rank() == p - 1 && c == v - 1;
+    chunks_.push_back(std::make_unique<ModelChunk>(spec_, begin, end, first, last));
+    chunks_.back()->allocate_and_init(backend_, static_cast<uint64_t>(cfg.training.seed));
+  }
+  std::vector<Parameter*> params;
+  for (auto& c : chunks_)
+    for (auto& prm : c->params().params()) params.push_back(prm.get());
+  AdamWConfig ac{static_cast<float>(cfg.optimizer.beta1), static_cast<float>(cfg.optimizer.beta2),
+                 static_cast<float>(cfg.optimizer.eps), static_cast<float>(cfg.optimizer.weight_decay)};
+  optimizer_ = std::make_unique<AdamW>(backend_, params, ac);
+  lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
+                   cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters};
+  train_source_ = make_synthetic_source(cfg.data.synthetic, cfg.model.seq_length, cfg.model.vocab_size,
+                                        static_cast<uint64_t>(cfg.training.seed));
+  if (ps_.rank == 0 && !cfg.logging.metrics_file.empty())
+    metrics_ = std::make_unique<MetricsWriter>(cfg.logging.metrics_file);
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<ModelChunk*> Trainer::chunks() {
+  std::vector<ModelChunk*> out;
+  for (auto& c : chunks_) out.push_back(c.get());
+  return out;
+}
+
+StepStats Trainer::step() {
+  auto t0 = std::chrono::steady_clock::now();
+  auto chunk_list = chunks();
+  for (ModelChunk* c : chunk_list) c->params().zero_grad(backend_);
+
+  BatchLoader loader(*train_source_, cfg_.model.seq_length, cfg_.training.micro_batch_size,
+                     cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
+  const float grad_scale = 1.0f / float(cfg_.training.global_batch_size * cfg_.model.seq_length);
+  LayerContext ctx{backend_, *ps_.tp};
+  double local_loss = run_pipeline_step(ps_, ctx, chunk_list, loader, consumed_, grad_scale);
+
+  reduce_tied_embedding(ps_, backend_, chunk_list);
+  all_reduce_data_parallel(ps_, chunk_list, cfg_.parallel.bucket_size_mb << 20);
+  StepStats s;
+  s.iteration = ++iteration_;
+  s.grad_norm = global_grad_norm(ps_, backend_, chunk_list, num_global_params(spec_.num_layers));
+  clip_gradients(backend_, chunk_list, s.grad_norm, cfg_.optimizer.clip_grad);
+  s.lr = lr_.at(iteration_);
+  optimizer_->step(static_cast<float>(s.lr));
+  consumed_ += cfg_.training.global_batch_size;
+
+  // Only tp rank 0 of the last stage contributes its microbatch losses, so the world sum counts each once.
+  double loss_sum = (ps_.is_last_stage() && ps_.tp_rank() == 0) ? local_loss : 0.0;
+  ps_.world->all_reduce_host(&loss_sum, 1);
+  s.loss = loss_sum / double(loader.microbatches_per_rank() * ps_.dp_size());
+  backend_.synchronize();
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+std::vector<StepStats> Trainer::train() {
+  std::vector<StepStats> all;
+  while (iteration_ < cfg_.training.train_iters) {
+    StepStats s = step();
+    all.push_back(s);
+    if (!std::isfinite(s.loss))
+      spdlog::warn("iteration {}: loss is {}", s.iteration, s.loss);
+    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters) log_step(s);
+  }
+  return all;
+}
+
+void Trainer::log_step(const StepStats& s) {
+  IterationStats it;
+  it.iteration = s.iteration;
+  it.train_iters = cfg_.training.train_iters;
+  it.consumed_samples = consumed_;
+  it.ms_per_iter = s.seconds * 1e3;
+  it.lr = s.lr;
+  it.global_batch = cfg_.training.global_batch_size;
+  it.loss = s.loss;
+  it.loss_scale = 1.0;
+  it.grad_norm = s.grad_norm;
+  double tokens = double(cfg_.training.global_batch_size) * double(cfg_.model.seq_length);
+  it.tokens_per_s = tokens / s.seconds;
+  double flops = model_flops_per_iteration(cfg_.training.global_batch_size, cfg_.model.seq_length,
+                                           cfg_.model.num_layers, cfg_.model.hidden_size, spec_.padded_vocab);
+  it.tflops_per_device = flops / s.seconds / 1e12 / ps_.layout.world();
+  it.mfu = cfg_.logging.peak_tflops > 0 ? it.tflops_per_device / cfg_.logging.peak_tflops : -1;
+  it.mem_in_use_bytes = backend_.memory_in_use();
+  it.mem_peak_bytes = backend_.memory_peak();
+  if (ps_.rank == 0) {
+    spdlog::info("{}", format_iteration_line(it));
+    if (metrics_) metrics_->write_iteration(it);
+  }
+}
+
+double Trainer::evaluate(const SampleSource& source, int64_t iters) {
+  BatchLoader loader(source, cfg_.model.seq_length, cfg_.training.micro_batch_size,
+                     cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
+  LayerContext ctx{backend_, *ps_.tp};
+  auto chunk_list = chunks();
+  double loss_sum = 0;
+  for (int64_t i = 0; i < iters; ++i) {
+    double l = run_pipeline_eval(ps_, ctx, chunk_list, loader, i * cfg_.training.global_batch_size);
+    loss_sum += (ps_.is_last_stage() && ps_.tp_rank() == 0) ? l : 0.0;
+  }
+  ps_.world->all_reduce_host(&loss_sum, 1);
+  return loss_sum / double(iters * loader.microbatches_per_rank() * ps_.dp_size());
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_params() {
+  // Each parameter's owner writes its shard into a zeroed global array; a world sum assembles it (x + 0
+  // is exact). Owners: dp rank 0, tp rank 0 for replicated tensors, never the tied copy.
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  std::vector<Parameter*> by_id(num_global_params(spec_.num_layers), nullptr);
+  for (ModelChunk* c : chunks())
+    for (auto& p : c->params().params())
+      if (!p->tied_copy) by_id[p->global_id] = p.get();
+  // Names and shapes are needed on every rank: build them from a full single-rank model description.
+  ModelSpec full = spec_;
+  full.tp_size = 1;
+  full.tp_rank = 0;
+  ModelChunk reference(full, 0, spec_.num_layers, true, true);
+  for (auto& ref : reference.params().params()) {
+    if (ref->tied_copy) continue;
+    std::vector<double> global(shape_numel(ref->global_shape), 0.0);
+    Parameter* mine = by_id[ref->global_id];
+    bool owner = mine && ps_.dp_rank() == 0 && !(mine->tp_replicated && ps_.tp_rank() != 0);
+    if (owner) {
+      std::vector<float> local(mine->value.numel());
+      backend_.download(mine->value, local.data());
+      for (int64_t i = 0; i < (int64_t)local.size(); ++i) global[mine->shard.global_index(mine->global_shape, i)] = local[i];
+    }
+    ps_.world->all_reduce_host(global.data(), (int64_t)global.size());
+    out.emplace_back(ref->name, std::vector<float>(global.begin(), global.end()));
+  }
+  return out;
+}
+
+}  // namespace gpt

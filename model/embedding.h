@@ -1,0 +1,32 @@
+// GPT input embedding: vocab-parallel token embedding (rows of the padded vocabulary split over the
+// tensor-parallel group; each rank looks up the ids it holds and the partial results are summed) plus a
+// learned position embedding replicated on every rank.
+#pragma once
+#include "model/parameter.h"
+#include "model/tp_mappings.h"
+
+namespace gpt {
+
+struct EmbeddingSpec {
+  int64_t padded_vocab = 0, hidden = 0, seq_length = 0;
+  float init_std = 0.02f;
+  int tp_size = 1, tp_rank = 0;
+};
+
+class GPTEmbedding {
+ public:
+  GPTEmbedding(ParameterSet& params, const EmbeddingSpec& spec);
+  // ids I32 [B*T] -> out [B*T, C]
+  void forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype) const;
+  // Accumulates the word and position embedding gradients from dout [B*T, C].
+  void backward(LayerContext& ctx, const Tensor& ids, const Tensor& dout, int64_t T) const;
+  Parameter* word() const { return word_; }
+  int64_t vocab_start() const { return vocab_start_; }
+
+ private:
+  Parameter* word_;
+  Parameter* position_;
+  int64_t vocab_start_;
+};
+
+}  // namespace gpt

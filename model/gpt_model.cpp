@@ -1,0 +1,138 @@
+// Model chunks: construction in canonical parameter order, tied LM head, and per-microbatch
+// forward/backward through embedding, blocks, final layernorm and loss.
+#include "model/gpt_model.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace gpt {
+
+namespace {
+constexpr int64_t kParamsPerBlock = 12;  // ln1 (2), qkv (2), proj (2), ln2 (2), fc1 (2), fc2 (2)
+}
+
+int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp) {
+  int64_t m = divisible_by * tp;
+  return (vocab + m - 1) / m * m;
+}
+
+int64_t num_global_params(int64_t num_layers) { return 2 + kParamsPerBlock * num_layers + 2; }
+
+ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_end, bool first, bool last)
+    : spec_(s), layer_begin_(layer_begin) {
+  // Canonical ids: word embedding 0, positions 1, block l's k-th tensor 2 + 12 l + k, final ln after.
+  auto assign_ids = [&](size_t from, int64_t first_id) {
+    auto& ps = params_.params();
+    for (size_t i = from; i < ps.size(); ++i) ps[i]->global_id = first_id + int64_t(i - from);
+  };
+  if (first) {
+    embedding_.emplace(params_, EmbeddingSpec{s.padded_vocab, s.hidden, s.seq_length, s.init_std, s.tp_size, s.tp_rank});
+    assign_ids(0, 0);
+  }
+  BlockSpec bs{s.hidden, s.heads, s.ffn, s.eps, s.init_std,
+               static_cast<float>(s.init_std / std::sqrt(2.0 * s.num_layers)), s.tp_size, s.tp_rank};
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
+    size_t before = params_.params().size();
+    blocks_.push_back(std::make_unique<TransformerBlock>(params_, "layers." + std::to_string(l), bs));
+    assign_ids(before, 2 + kParamsPerBlock * l);
+  }
+  if (last) {
+    size_t before = params_.params().size();
+    final_ln_.emplace(params_, "final_ln", s.hidden, s.eps);
+    assign_ids(before, 2 + kParamsPerBlock * s.num_layers);
+    if (first) {
+      head_weight_ = embedding_->word();
+    } else {
+      head_weight_ = &params_.add("embedding.word_embeddings.weight", {s.padded_vocab, s.hidden},
+                                  ShardSpec{0, 1, s.tp_size, s.tp_rank}, true, false);
+      head_weight_->init = {true, s.init_std, 0.f};
+      head_weight_->tied_copy = true;
+      head_weight_->global_id = 0;
+    }
+  }
+}
+
+void ModelChunk::allocate_and_init(Backend& backend, uint64_t seed) {
+  params_.allocate(backend, spec_.dtype);
+  for (auto& p : params_.params()) init_parameter(backend, *p, seed);
+  if (head_weight_) {
+    int64_t vocab_start = spec_.tp_rank * (spec_.padded_vocab / spec_.tp_size);
+    Tensor grad = head_weight_->grad;
+    if (is_first()) {
+      head_grad_ = backend.zeros(head_weight_->grad.shape());
+      grad = head_grad_;
+    }
+    head_ = std::make_unique<LMHeadLoss>(head_weight_, grad, spec_.vocab_size, vocab_start);
+  }
+}
+
+void ModelChunk::reduce_tied_gradient_locally(Backend& backend) {
+  if (!head_grad_.defined()) return;
+  backend.accumulate(head_grad_, embedding_->word()->grad);
+  backend.fill(head_grad_, 0.f);
+}
+
+Tensor ModelChunk::run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache) {
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Tensor y;
+    if (cache) {
+      blocks_[i]->forward(ctx, x, b.B, b.T, y, cache->blocks[i]);
+    } else {
+      BlockCache scratch;
+      blocks_[i]->forward(ctx, x, b.B, b.T, y, scratch);
+    }
+    x = y;
+  }
+  return x;
+}
+
+Tensor ModelChunk::forward(LayerContext& ctx, int mb, const Microbatch& b, const Tensor& input, float grad_scale,
+                           double* loss) {
+  if (caches_.count(mb)) throw std::logic_error("ModelChunk::forward: microbatch " + std::to_string(mb) + " already in flight");
+  Cache& c = caches_[mb];
+  c.blocks.resize(blocks_.size());
+  Tensor x = input;
+  if (is_first()) embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
+  x = run_blocks(ctx, b, x, &c);
+  if (!is_last()) return x;
+  c.final_in = x;
+  Tensor normed;
+  final_ln_->forward(ctx, x, normed, c.final_stats);
+  double l = head_->forward_backward(ctx, normed, b.targets, grad_scale, c.head_dx);
+  if (loss) *loss = l;
+  return Tensor();
+}
+
+Tensor ModelChunk::backward(LayerContext& ctx, int mb, const Microbatch& b, const Tensor& grad_output) {
+  auto it = caches_.find(mb);
+  if (it == caches_.end()) throw std::logic_error("ModelChunk::backward: microbatch " + std::to_string(mb) + " has no forward");
+  Cache& c = it->second;
+  Tensor dx = grad_output;
+  if (is_last()) final_ln_->backward(ctx, c.head_dx, c.final_in, c.final_stats, dx);
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    Tensor dinput;
+    blocks_[i]->backward(ctx, dx, b.B, b.T, c.blocks[i], dinput);
+    dx = dinput;
+  }
+  caches_.erase(it);
+  if (is_first()) {
+    embedding_->backward(ctx, b.tokens, dx, b.T);
+    return Tensor();
+  }
+  return dx;
+}
+
+Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Tensor& input, double* loss) {
+  Tensor x = input;
+  if (is_first()) embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
+  x = run_blocks(ctx, b, x, nullptr);
+  if (!is_last()) return x;
+  Tensor normed;
+  LayerNorm::Cache stats;
+  final_ln_->forward(ctx, x, normed, stats);
+  double l = head_->forward(ctx, normed, b.targets);
+  if (loss) *loss = l;
+  return Tensor();
+}
+
+}  // namespace gpt

@@ -1,0 +1,88 @@
+// The GPT model as this rank sees it: one ModelChunk per virtual pipeline stage it owns, each holding a
+// contiguous range of transformer blocks, plus the embedding on the first virtual stage and the final
+// layernorm, tied LM head and loss on the last. Chunks keep one activation cache per microbatch in
+// flight, so any pipeline schedule can drive them through forward(mb) / backward(mb).
+#pragma once
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/embedding.h"
+#include "model/layernorm.h"
+#include "model/lm_head.h"
+#include "model/transformer_block.h"
+
+namespace gpt {
+
+struct ModelSpec {
+  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq_length = 0;
+  int64_t vocab_size = 0;    // real vocabulary
+  int64_t padded_vocab = 0;  // multiple of divisible_by * tp
+  float eps = 1e-5f;
+  float init_std = 0.02f;
+  int tp_size = 1, tp_rank = 0;
+  DType dtype = DType::F32;
+};
+
+// Megatron's padding: the smallest multiple of divisible_by * tp that holds the vocabulary.
+int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp);
+// Number of parameter tensors of the global model (each tied tensor counted once).
+int64_t num_global_params(int64_t num_layers);
+
+// One microbatch's inputs: I32 [B*T] token ids and targets, on the backend's device.
+struct Microbatch {
+  Tensor tokens, targets;
+  int64_t B = 0, T = 0;
+};
+
+class ModelChunk {
+ public:
+  // Blocks [layer_begin, layer_end); `first` adds the embedding, `last` the final layernorm and LM head.
+  ModelChunk(const ModelSpec& spec, int64_t layer_begin, int64_t layer_end, bool first, bool last);
+  ParameterSet& params() { return params_; }
+  bool is_first() const { return embedding_.has_value(); }
+  bool is_last() const { return head_ != nullptr; }
+  // Allocates parameters in `dtype`, initialises them from (seed, name, index) and sets up the tied head.
+  void allocate_and_init(Backend& backend, uint64_t seed);
+
+  // Training forward of microbatch `mb`. First chunk reads mb.tokens, others `input` [B*T, C].
+  // The last chunk computes the loss (returned in *loss) and its gradient scaled by grad_scale, and returns
+  // an undefined tensor; others return their output activation.
+  Tensor forward(LayerContext& ctx, int mb, const Microbatch& batch, const Tensor& input, float grad_scale,
+                 double* loss);
+  // Backward of microbatch `mb`: the last chunk ignores grad_output. Returns the gradient wrt the chunk's
+  // input (undefined for the first chunk). Frees the microbatch's cache.
+  Tensor backward(LayerContext& ctx, int mb, const Microbatch& batch, const Tensor& grad_output);
+  // Forward without caches or gradients (evaluation). Same input/output convention; *loss set on last.
+  Tensor eval_forward(LayerContext& ctx, const Microbatch& batch, const Tensor& input, double* loss);
+
+  // Pipeline size 1 keeps the head's gradient of the tied embedding in its own buffer; this adds it into
+  // the embedding's gradient (the same sum a pipeline does over the embedding group).
+  void reduce_tied_gradient_locally(Backend& backend);
+  int64_t hidden() const { return spec_.hidden; }
+  DType activation_dtype() const { return spec_.dtype; }
+  int64_t in_flight() const { return static_cast<int64_t>(caches_.size()); }
+
+ private:
+  struct Cache {
+    std::vector<BlockCache> blocks;
+    Tensor final_in;    // input of the final layernorm
+    LayerNorm::Cache final_stats;
+    Tensor head_dx;     // gradient wrt the final layernorm's output, computed in forward
+  };
+  Tensor run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache);
+
+  ModelSpec spec_;
+  int64_t layer_begin_;
+  ParameterSet params_;
+  std::optional<GPTEmbedding> embedding_;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  std::optional<LayerNorm> final_ln_;
+  Parameter* head_weight_ = nullptr;  // the word embedding (same chunk) or its tied copy
+  std::unique_ptr<LMHeadLoss> head_;
+  Tensor head_grad_;  // separate head gradient when the embedding lives in this chunk
+  std::map<int, Cache> caches_;
+};
+
+}  // namespace gpt

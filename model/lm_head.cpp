@@ -1,0 +1,57 @@
+// Vocab-parallel LM head and cross-entropy.
+#include "model/lm_head.h"
+
+#include <cmath>
+#include <vector>
+
+namespace gpt {
+
+LMHeadLoss::LMHeadLoss(Parameter* weight, Tensor grad, int64_t vocab_size, int64_t vocab_start)
+    : weight_(weight), grad_(std::move(grad)), vocab_size_(vocab_size), vocab_start_(vocab_start) {}
+
+double LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor& targets, Tensor& logits,
+                               Tensor& row_max, Tensor& sum_exp) const {
+  Backend& be = ctx.backend;
+  const int64_t n = x.dim(0);
+  logits = be.empty({n, weight_->value.dim(0)});
+  be.linear_forward(x, weight_->value, nullptr, logits);
+  row_max = be.empty({n});
+  be.ce_row_max(logits, vocab_start_, vocab_size_, row_max);
+  if (ctx.tp.size() > 1) ctx.tp.all_reduce(row_max, ReduceOp::Max);
+  sum_exp = be.empty({n});
+  Tensor target_logit = be.empty({n});
+  be.ce_sum_exp(logits, row_max, targets, vocab_start_, vocab_size_, sum_exp, target_logit);
+  if (ctx.tp.size() > 1) {
+    ctx.tp.all_reduce(sum_exp);
+    ctx.tp.all_reduce(target_logit);
+  }
+  std::vector<float> mx(n), se(n), tl(n);
+  be.download(row_max, mx.data());
+  be.download(sum_exp, se.data());
+  be.download(target_logit, tl.data());
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += std::log((double)se[i]) + mx[i] - tl[i];
+  return total / n;
+}
+
+double LMHeadLoss::forward(LayerContext& ctx, const Tensor& x, const Tensor& targets) const {
+  Tensor logits, row_max, sum_exp;
+  return loss_pieces(ctx, x, targets, logits, row_max, sum_exp);
+}
+
+double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Tensor& targets, float grad_scale,
+                                    Tensor& dx) const {
+  Backend& be = ctx.backend;
+  Tensor logits, row_max, sum_exp;
+  double loss = loss_pieces(ctx, x, targets, logits, row_max, sum_exp);
+  Tensor dlogits = be.empty(logits.shape());
+  be.ce_backward(logits, row_max, sum_exp, targets, vocab_start_, vocab_size_, grad_scale, dlogits);
+  logits = Tensor();
+  dx = be.empty(x.shape(), x.dtype());
+  Tensor grad = grad_;  // a handle onto the same storage
+  be.linear_backward(dlogits, x, weight_->value, &dx, grad, nullptr);
+  copy_to_tp_backward(ctx, dx);
+  return loss;
+}
+
+}  // namespace gpt

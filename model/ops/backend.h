@@ -1,0 +1,106 @@
+// The op interface every compute backend implements (CPU now, CUDA later). Model layers are written
+// once against it and never touch raw memory. Conventions, shared by all backends:
+//  - all float tensors are row-major and contiguous; [N, C] means N rows of C values;
+//  - "dX =" overwrites the output, "dW +=" accumulates into it (gradients accumulate over microbatches);
+//  - activations and weights may be F32/BF16/F16 (compute dtype), gradients of weights are always F32;
+//  - token ids and targets are I32 tensors;
+//  - vocab-parallel ops take `vocab_start` (first global id held by this shard) and `vocab_size`
+//    (the real, unpadded vocabulary): ids at or past vocab_size are padding and never win the softmax.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "model/tensor.h"
+
+namespace gpt {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+
+  // ---- memory ----
+  virtual Tensor empty(const Shape& shape, DType dtype = DType::F32) = 0;
+  Tensor zeros(const Shape& shape, DType dtype = DType::F32);
+  virtual void fill(Tensor& t, float value) = 0;
+  // dst = src (same element count; converts between float dtypes).
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // Host fp32 <-> tensor of any float dtype (or I32 for the int variants).
+  virtual void upload(const float* host, Tensor& dst) = 0;
+  virtual void download(const Tensor& src, float* host) = 0;
+  virtual void upload_i32(const int32_t* host, Tensor& dst) = 0;
+  virtual void download_i32(const Tensor& src, int32_t* host) = 0;
+  // Bytes currently allocated and the high-water mark since start (or last reset).
+  virtual size_t memory_in_use() const = 0;
+  virtual size_t memory_peak() const = 0;
+  virtual void reset_memory_peak() = 0;
+  virtual void synchronize() {}
+
+  // ---- linear: y[N,out] = x[N,in] . w[out,in]^T (+ b[out]) ----
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;
+  // dx = dy . w (skipped when dx is null); dw += dy^T . x; db += column sums of dy (when db non-null).
+  virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
+                               Tensor* db) = 0;
+
+  // ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta; mean/rstd F32 [N] ----
+  virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                                 Tensor& mean, Tensor& rstd, float eps) = 0;
+  // dx = ...; dgamma += ...; dbeta += ...
+  virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                  const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+
+  // ---- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
+  virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) = 0;  // dx = dy * gelu'(x)
+
+  // ---- elementwise ----
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;  // out = a + b (residual)
+  virtual void accumulate(const Tensor& src, Tensor& dst) = 0;         // dst += src (residual backward)
+  virtual void scale(Tensor& t, float alpha) = 0;                      // t *= alpha
+
+  // ---- embedding: out[N,C] = table[ids[n] - vocab_start] for ids inside this shard, else 0 ----
+  virtual void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) = 0;
+  // dtable[ids[n] - vocab_start] += dout[n] for ids inside this shard.
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) = 0;
+  // out[b*T + t] += pos_table[t] for each of the B sequences (learned positions); out is [B*T, C].
+  virtual void add_positions(const Tensor& pos_table, int64_t T, Tensor& out) = 0;
+  // dpos[t] += sum over b of dout[b*T + t].
+  virtual void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) = 0;
+
+  // ---- causal self-attention over local heads ----
+  // qkv [B*T, 3*H*D]: per token q for heads 0..H-1, then k, then v (each H*D). out [B*T, H*D].
+  // probs F32 [B, H, T, T] keeps the softmax (upper triangle zero) for the backward pass.
+  // Scores are scaled by 1/sqrt(D).
+  virtual void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
+                                 Tensor& probs) = 0;
+  // dqkv = gradient wrt qkv (overwritten).
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
+                                  int64_t H, int64_t D, Tensor& dqkv) = 0;
+
+  // ---- softmax cross-entropy over a (possibly vocab-sharded) logits[N, Vl] ----
+  // The three stages let the caller all-reduce max and sums over the tensor-parallel group between them.
+  // row_max[n] = max over real columns of logits[n] (-inf if the shard has none). F32 [N].
+  virtual void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) = 0;
+  // sum_exp[n] = sum over real columns exp(logit - row_max[n]);
+  // target_logit[n] = logits[n, target[n] - vocab_start] if the target lies in this shard, else 0.
+  virtual void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
+                          int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) = 0;
+  // dlogits = grad_scale * (softmax - onehot(target)), zero on padding columns. Overwrites dlogits.
+  virtual void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
+                           const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float grad_scale,
+                           Tensor& dlogits) = 0;
+
+  // ---- optimizer ----
+  virtual double sum_squares(const Tensor& t) = 0;  // sum of x^2 in fp64
+  // Decoupled AdamW on fp32 master weights: m,v updated, then
+  // w -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * w), with bias corrections for `step` (1-based).
+  virtual void adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                          float eps, float weight_decay, int64_t step) = 0;
+};
+
+// Creates the backend named in the config ("cpu" or "cuda"); throws with a clear message when the
+// backend is not built in or no device is present.
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank = 0);
+
+}  // namespace gpt

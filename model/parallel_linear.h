@@ -1,0 +1,51 @@
+// Tensor-parallel linear layers (Megatron's ColumnParallelLinear and RowParallelLinear).
+// Column-parallel: the weight [out, in] is split along `out`; each rank computes its slice of the output
+// from the full input. Row-parallel: the weight is split along `in`; each rank multiplies its slice of
+// the input and the partial outputs are summed across the group (the bias is added once, on tp rank 0,
+// before the sum). `blocks` > 1 splits a fused weight (q|k|v) so that each rank gets its piece of
+// every block.
+#pragma once
+#include <string>
+
+#include "model/parameter.h"
+#include "model/tp_mappings.h"
+
+namespace gpt {
+
+struct LinearSpec {
+  int64_t in = 0, out = 0;
+  int blocks = 1;
+  float init_std = 0.02f;
+  int tp_size = 1, tp_rank = 0;
+};
+
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& spec);
+  // y [N, out/tp] = x [N, in] . w^T + b
+  void forward(LayerContext& ctx, const Tensor& x, Tensor& y) const;
+  // Accumulates dw, db; dx (if non-null) receives the gradient wrt the full input, summed over tp.
+  void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const;
+  int64_t out_local() const { return out_local_; }
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_;
+  int64_t out_local_;
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& spec);
+  // y [N, out] = sum over tp of x_local [N, in/tp] . w_local^T, + b
+  void forward(LayerContext& ctx, const Tensor& x_local, Tensor& y) const;
+  // Accumulates dw, db; dx_local receives the gradient wrt this rank's input slice.
+  void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Tensor& dx_local) const;
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_;
+  bool adds_bias_;
+};
+
+}  // namespace gpt

@@ -1,0 +1,71 @@
+// Forward and backward of the pre-LN transformer block.
+#include "model/transformer_block.h"
+
+namespace gpt {
+
+namespace {
+LinearSpec linear(int64_t in, int64_t out, float std, const BlockSpec& s, int blocks = 1) {
+  return LinearSpec{in, out, blocks, std, s.tp_size, s.tp_rank};
+}
+}  // namespace
+
+TransformerBlock::TransformerBlock(ParameterSet& params, const std::string& prefix, const BlockSpec& s)
+    : spec_(s),
+      local_heads_(s.heads / s.tp_size),
+      ln1_(params, prefix + ".ln1", s.hidden, s.eps),
+      qkv_(params, prefix + ".attention.qkv", linear(s.hidden, 3 * s.hidden, s.init_std, s, 3)),
+      proj_(params, prefix + ".attention.proj", linear(s.hidden, s.hidden, s.output_init_std, s)),
+      ln2_(params, prefix + ".ln2", s.hidden, s.eps),
+      fc1_(params, prefix + ".mlp.fc1", linear(s.hidden, s.ffn, s.init_std, s)),
+      fc2_(params, prefix + ".mlp.fc2", linear(s.ffn, s.hidden, s.output_init_std, s)) {}
+
+void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out,
+                               BlockCache& c) const {
+  Backend& be = ctx.backend;
+  const int64_t D = spec_.hidden / spec_.heads;
+  c.input = x;
+  ln1_.forward(ctx, x, c.ln1, c.ln1_stats);
+  qkv_.forward(ctx, c.ln1, c.qkv);
+  c.att = be.empty({B * T, local_heads_ * D}, x.dtype());
+  c.probs = be.empty({B, local_heads_, T, T});
+  be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.probs);
+  Tensor attn_out;
+  proj_.forward(ctx, c.att, attn_out);
+  c.h = be.empty(x.shape(), x.dtype());
+  be.add(x, attn_out, c.h);
+  ln2_.forward(ctx, c.h, c.ln2, c.ln2_stats);
+  fc1_.forward(ctx, c.ln2, c.fc1);
+  c.act = be.empty(c.fc1.shape(), c.fc1.dtype());
+  be.gelu_forward(c.fc1, c.act);
+  Tensor mlp_out;
+  fc2_.forward(ctx, c.act, mlp_out);
+  out = be.empty(x.shape(), x.dtype());
+  be.add(c.h, mlp_out, out);
+}
+
+void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& c,
+                                Tensor& dx) const {
+  Backend& be = ctx.backend;
+  const int64_t D = spec_.hidden / spec_.heads;
+  // MLP branch: out = h + fc2(gelu(fc1(ln2(h))))
+  Tensor dact, dfc1, dln2, dh;
+  fc2_.backward(ctx, dout, c.act, dact);
+  dfc1 = be.empty(c.fc1.shape(), c.fc1.dtype());
+  be.gelu_backward(dact, c.fc1, dfc1);
+  fc1_.backward(ctx, dfc1, c.ln2, &dln2);
+  ln2_.backward(ctx, dln2, c.h, c.ln2_stats, dh);
+  be.accumulate(dout, dh);  // residual
+  c.act = c.fc1 = c.ln2 = Tensor();
+  // Attention branch: h = x + proj(attention(qkv(ln1(x))))
+  Tensor datt, dqkv, dln1;
+  proj_.backward(ctx, dh, c.att, datt);
+  dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
+  be.attention_backward(datt, c.qkv, c.probs, B, T, local_heads_, D, dqkv);
+  c.probs = c.att = Tensor();
+  qkv_.backward(ctx, dqkv, c.ln1, &dln1);
+  ln1_.backward(ctx, dln1, c.input, c.ln1_stats, dx);
+  be.accumulate(dh, dx);  // residual
+  c = BlockCache();
+}
+
+}  // namespace gpt

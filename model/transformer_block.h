@@ -1,0 +1,48 @@
+// One pre-LN GPT transformer block with tensor parallelism:
+//   h   = x + proj(attention(qkv(ln1(x))))       qkv column-parallel (heads split over tp), proj row-parallel
+//   out = h + fc2(gelu(fc1(ln2(h))))              fc1 column-parallel, fc2 row-parallel
+// forward() keeps what backward() needs in a BlockCache owned by the caller (one per microbatch in
+// flight, so pipeline schedules can hold several).
+#pragma once
+#include <string>
+
+#include "model/layernorm.h"
+#include "model/parallel_linear.h"
+
+namespace gpt {
+
+struct BlockSpec {
+  int64_t hidden = 0, heads = 0, ffn = 0;
+  float eps = 1e-5f;
+  float init_std = 0.02f;
+  float output_init_std = 0.02f;  // init_std / sqrt(2 * num_layers) for proj and fc2
+  int tp_size = 1, tp_rank = 0;
+};
+
+struct BlockCache {
+  Tensor input;  // x, [N, C]
+  Tensor ln1, qkv, att, probs, h, ln2, fc1, act;
+  LayerNorm::Cache ln1_stats, ln2_stats;
+};
+
+class TransformerBlock {
+ public:
+  TransformerBlock(ParameterSet& params, const std::string& prefix, const BlockSpec& spec);
+  // x [B*T, C] -> out [B*T, C]
+  void forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& cache) const;
+  // dout [B*T, C] -> dx [B*T, C]; accumulates parameter gradients; releases the cache's tensors.
+  void backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& cache, Tensor& dx) const;
+
+ private:
+  BlockSpec spec_;
+  int64_t local_heads_;
+  // Declared in forward order: parameters register (and lay out their gradients) in this order.
+  LayerNorm ln1_;
+  ColumnParallelLinear qkv_;
+  RowParallelLinear proj_;
+  LayerNorm ln2_;
+  ColumnParallelLinear fc1_;
+  RowParallelLinear fc2_;
+};
+
+}  // namespace gpt

@@ -1,0 +1,74 @@
+// Communicator: the collective and point-to-point operations the model and the parallel engine need,
+// over one group of ranks. Backends: SelfCommunicator (a group of one: every op is the identity), the MPI
+// backend (parallel/mpi_communicator.*) and later NCCL. All tensor ops act on F32 tensors unless a backend
+// documents more; `all_reduce_host` reduces small host arrays (scalars, norms, flags).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "model/tensor.h"
+
+namespace gpt {
+
+enum class ReduceOp { Sum, Max, Min };
+
+// A send that may still be in flight; wait() returns once the buffer may be reused. Destroying an
+// unfinished one waits for it.
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // e.g. "tp", "dp", "pp", "world"
+
+  virtual void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual void all_reduce_host(double* data, int64_t count, ReduceOp op = ReduceOp::Sum) = 0;
+  // out holds size() * in.numel() elements: rank r's `in` lands at [r * n, (r + 1) * n).
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // in holds size() * out.numel() elements; rank r receives the sum of every rank's block r.
+  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  virtual void broadcast(Tensor& t, int root) = 0;
+  virtual void send(const Tensor& t, int peer, int tag) = 0;
+  virtual void recv(Tensor& t, int peer, int tag) = 0;
+  // Starts a send and returns at once (the pipeline executor posts every send this way, so a schedule
+  // whose data dependencies are satisfiable can never deadlock on p2p). `t` must stay alive until wait().
+  // The default is a blocking send.
+  virtual std::unique_ptr<PendingSend> send_async(const Tensor& t, int peer, int tag);
+  virtual void barrier() = 0;
+
+  // Bytes this rank has passed to collectives / p2p since construction (for the comm-volume log).
+  int64_t bytes_moved() const { return bytes_moved_; }
+  double seconds_spent() const { return seconds_spent_; }
+
+ protected:
+  int64_t bytes_moved_ = 0;
+  double seconds_spent_ = 0;
+};
+
+// A group of one rank: collectives are identities, p2p is an error.
+class SelfCommunicator final : public Communicator {
+ public:
+  explicit SelfCommunicator(std::string name = "self") : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return name_; }
+  void all_reduce(Tensor&, ReduceOp) override {}
+  void all_reduce_host(double*, int64_t, ReduceOp) override {}
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void reduce_scatter(const Tensor& in, Tensor& out) override;
+  void broadcast(Tensor&, int) override {}
+  void send(const Tensor&, int peer, int) override;
+  void recv(Tensor&, int peer, int) override;
+  void barrier() override {}
+
+ private:
+  std::string name_;
+};
+
+}  // namespace gpt

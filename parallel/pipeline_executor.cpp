@@ -1,0 +1,106 @@
+// Executor of the pipeline schedule tables (parallel/pipeline_schedule.h) over this rank's model chunks.
+#include "parallel/pipeline_executor.h"
+
+#include <map>
+#include <memory>
+
+#include "parallel/pipeline_schedule.h"
+
+namespace gpt {
+
+namespace {
+
+// Every transfer is keyed by (kind, receiving virtual stage, microbatch) so matching never depends on
+// message order.
+int transfer_tag(PassKind kind, int receiving_stage, int microbatch, int total_stages) {
+  return ((microbatch * total_stages + receiving_stage) << 1) | (kind == PassKind::Backward ? 1 : 0);
+}
+
+struct StepIo {
+  ParallelState& ps;
+  const BatchLoader& loader;
+  Backend& backend;
+  int64_t consumed;
+  std::map<int, Microbatch> batches;
+  std::vector<std::unique_ptr<PendingSend>> sends;
+  std::vector<Tensor> send_buffers;
+
+  // Tokens are read on the chunks that need them (first and last virtual stage); others only need shapes.
+  const Microbatch& batch(int mb, bool needs_data) {
+    auto it = batches.find(mb);
+    if (it != batches.end()) return it->second;
+    Microbatch b;
+    if (needs_data) {
+      b = loader.load(backend, consumed, mb);
+    } else {
+      b.B = loader.micro_batch();
+      b.T = loader.seq_length();
+    }
+    return batches.emplace(mb, std::move(b)).first->second;
+  }
+  Tensor recv(int peer, int tag, int64_t rows, int64_t hidden, DType dtype) {
+    Tensor t = backend.empty({rows, hidden}, dtype);
+    ps.pp->recv(t, peer, tag);
+    return t;
+  }
+  void send(const Tensor& t, int peer, int tag) {
+    send_buffers.push_back(t);
+    sends.push_back(ps.pp->send_async(t, peer, tag));
+  }
+  void finish() {
+    for (auto& s : sends) s->wait();
+    sends.clear();
+    send_buffers.clear();
+  }
+};
+
+double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks, const BatchLoader& loader,
+           int64_t consumed, float grad_scale, bool training) {
+  const int p = ps.pp_size(), v = static_cast<int>(chunks.size());
+  const int m = static_cast<int>(loader.microbatches_per_rank());
+  const int stages = p * v;
+  StepIo io{ps, loader, ctx.backend, consumed, {}, {}, {}};
+  double loss_sum = 0;
+  PipelineSchedule table = schedule(p, v, m, ps.pp_rank());
+  for (const PipelineAction& a : table.actions) {
+    if (!training && a.kind == PassKind::Backward) continue;
+    ModelChunk& chunk = *chunks[a.chunk];
+    const bool needs_data = chunk.is_first() || chunk.is_last();
+    const Microbatch& b = io.batch(a.microbatch, needs_data);
+    const int64_t rows = b.B * b.T;
+    const int64_t hidden = chunk.hidden();
+    Tensor input;
+    if (a.recv)
+      input = io.recv(a.recv->rank, transfer_tag(a.kind, a.virtual_stage, a.microbatch, stages), rows, hidden,
+                      chunk.activation_dtype());
+    Tensor output;
+    if (a.kind == PassKind::Forward) {
+      double loss = 0;
+      output = training ? chunk.forward(ctx, a.microbatch, b, input, grad_scale, &loss)
+                        : chunk.eval_forward(ctx, b, input, &loss);
+      if (chunk.is_last()) loss_sum += loss;
+    } else {
+      output = chunk.backward(ctx, a.microbatch, b, input);
+    }
+    if (a.send) io.send(output, a.send->rank, transfer_tag(a.kind, a.send->virtual_stage, a.microbatch, stages));
+    // A microbatch's inputs are no longer needed once its last pass on this rank is done.
+    if ((a.kind == PassKind::Backward || !training) && a.chunk == (a.kind == PassKind::Backward ? 0 : v - 1))
+      io.batches.erase(a.microbatch);
+  }
+  io.finish();
+  return loss_sum;
+}
+
+}  // namespace
+
+double run_pipeline_step(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks,
+                         const BatchLoader& loader, int64_t consumed, float grad_scale) {
+  return run(ps, ctx, chunks, loader, consumed, grad_scale, true);
+}
+
+double run_pipeline_eval(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks,
+                         const BatchLoader& loader, int64_t consumed) {
+  return run(ps, ctx, chunks, loader, consumed, 0.f, false);
+}
+
+}  // namespace gpt
