@@ -44,6 +44,10 @@ GridLayout layout_or_startup_error(const Config& cfg, int world) {
       throw std::invalid_argument("training.global_batch_size (" + std::to_string(cfg.training.global_batch_size) +
                                   ") is not divisible by micro_batch_size x data-parallel size (" +
                                   std::to_string(per_step) + ")");
+    if (cfg.parallel.sequence_parallel && (cfg.training.micro_batch_size * cfg.model.seq_length) % layout.tp() != 0)
+      throw std::invalid_argument("parallel.sequence_parallel: micro_batch_size x seq_length (" +
+                                  std::to_string(cfg.training.micro_batch_size * cfg.model.seq_length) +
+                                  ") must be divisible by tensor (" + std::to_string(layout.tp()) + ")");
     const int m = static_cast<int>(cfg.training.global_batch_size / per_step);
     validate_schedule_args(layout.pp(), static_cast<int>(cfg.parallel.virtual_pipeline), m);
     return layout;

@@ -85,10 +85,11 @@ StepStats Trainer::step() {
   BatchLoader loader(*train_source_, cfg_.model.seq_length, cfg_.training.micro_batch_size,
                      cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
   const float grad_scale = 1.0f / float(cfg_.training.global_batch_size * cfg_.model.seq_length);
-  LayerContext ctx{backend_, *ps_.tp};
+  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
   double local_loss = run_pipeline_step(ps_, ctx, chunk_list, loader, consumed_, grad_scale);
 
   reduce_tied_embedding(ps_, backend_, chunk_list);
+  if (cfg_.parallel.sequence_parallel) reduce_sequence_parallel_grads(ps_, chunk_list);
   all_reduce_data_parallel(ps_, chunk_list, cfg_.parallel.bucket_size_mb << 20);
   StepStats s;
   s.iteration = ++iteration_;
@@ -147,7 +148,7 @@ void Trainer::log_step(const StepStats& s) {
 double Trainer::evaluate(const SampleSource& source, int64_t iters) {
   BatchLoader loader(source, cfg_.model.seq_length, cfg_.training.micro_batch_size,
                      cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
-  LayerContext ctx{backend_, *ps_.tp};
+  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
   auto chunk_list = chunks();
   double loss_sum = 0;
   for (int64_t i = 0; i < iters; ++i) {

@@ -13,15 +13,17 @@ GPTEmbedding::GPTEmbedding(ParameterSet& params, const EmbeddingSpec& s) {
 }
 
 void GPTEmbedding::forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype) const {
-  out = ctx.backend.empty({ids.numel(), word_->value.dim(1)}, dtype);
-  ctx.backend.embedding_forward(ids, word_->value, vocab_start_, out);
-  reduce_from_tp_forward(ctx, out);
-  ctx.backend.add_positions(position_->value, T, out);
+  Tensor partial = ctx.backend.empty({ids.numel(), word_->value.dim(1)}, dtype);
+  ctx.backend.embedding_forward(ids, word_->value, vocab_start_, partial);
+  // Positions are added once, before the tp sum, so the row blocks of sequence parallelism get them too.
+  if (ctx.tp.rank() == 0) ctx.backend.add_positions(position_->value, T, partial);
+  out = exit_tp_region(ctx, partial);
 }
 
 void GPTEmbedding::backward(LayerContext& ctx, const Tensor& ids, const Tensor& dout, int64_t T) const {
-  ctx.backend.embedding_backward(ids, dout, vocab_start_, word_->grad);
-  ctx.backend.add_positions_backward(dout, T, position_->grad);
+  Tensor dfull = exit_tp_region_backward(ctx, dout);
+  ctx.backend.embedding_backward(ids, dfull, vocab_start_, word_->grad);
+  ctx.backend.add_positions_backward(dfull, T, position_->grad);
 }
 
 }  // namespace gpt

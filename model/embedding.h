@@ -16,9 +16,9 @@ struct EmbeddingSpec {
 class GPTEmbedding {
  public:
   GPTEmbedding(ParameterSet& params, const EmbeddingSpec& spec);
-  // ids I32 [B*T] -> out [B*T, C]
+  // ids I32 [B*T] -> out: this rank's rows outside the tp region (all B*T, or a row block under SP)
   void forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype) const;
-  // Accumulates the word and position embedding gradients from dout [B*T, C].
+  // Accumulates the word and position embedding gradients from dout (same rows as forward's out).
   void backward(LayerContext& ctx, const Tensor& ids, const Tensor& dout, int64_t T) const;
   Parameter* word() const { return word_; }
   int64_t vocab_start() const { return vocab_start_; }

@@ -8,6 +8,7 @@ LayerNorm::LayerNorm(ParameterSet& params, const std::string& prefix, int64_t hi
   weight_->init = {false, 0.f, 1.f};
   bias_ = &params.add(prefix + ".bias", {hidden}, {}, false, true);
   bias_->init = {false, 0.f, 0.f};
+  weight_->sequence_parallel_grad = bias_->sequence_parallel_grad = true;
 }
 
 void LayerNorm::forward(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const {

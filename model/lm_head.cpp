@@ -14,7 +14,7 @@ double LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor&
   Backend& be = ctx.backend;
   const int64_t n = x.dim(0);
   logits = be.empty({n, weight_->value.dim(0)});
-  be.linear_forward(x, weight_->value, nullptr, logits);
+  be.linear_forward(x, weight_->value, nullptr, logits);  // x here spans all N rows
   row_max = be.empty({n});
   be.ce_row_max(logits, vocab_start_, vocab_size_, row_max);
   if (ctx.tp.size() > 1) ctx.tp.all_reduce(row_max, ReduceOp::Max);
@@ -36,21 +36,22 @@ double LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor&
 
 double LMHeadLoss::forward(LayerContext& ctx, const Tensor& x, const Tensor& targets) const {
   Tensor logits, row_max, sum_exp;
-  return loss_pieces(ctx, x, targets, logits, row_max, sum_exp);
+  return loss_pieces(ctx, enter_tp_region(ctx, x), targets, logits, row_max, sum_exp);
 }
 
 double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Tensor& targets, float grad_scale,
                                     Tensor& dx) const {
   Backend& be = ctx.backend;
   Tensor logits, row_max, sum_exp;
-  double loss = loss_pieces(ctx, x, targets, logits, row_max, sum_exp);
+  Tensor x_full = enter_tp_region(ctx, x);
+  double loss = loss_pieces(ctx, x_full, targets, logits, row_max, sum_exp);
   Tensor dlogits = be.empty(logits.shape());
   be.ce_backward(logits, row_max, sum_exp, targets, vocab_start_, vocab_size_, grad_scale, dlogits);
   logits = Tensor();
-  dx = be.empty(x.shape(), x.dtype());
+  Tensor dx_full = be.empty(x_full.shape(), x_full.dtype());
   Tensor grad = grad_;  // a handle onto the same storage
-  be.linear_backward(dlogits, x, weight_->value, &dx, grad, nullptr);
-  copy_to_tp_backward(ctx, dx);
+  be.linear_backward(dlogits, x_full, weight_->value, &dx_full, grad, nullptr);
+  dx = enter_tp_region_backward(ctx, dx_full);
   return loss;
 }
 

@@ -12,7 +12,8 @@ class LMHeadLoss {
  public:
   // `weight` is the word embedding (or its tied copy); gradients accumulate into `grad`.
   LMHeadLoss(Parameter* weight, Tensor grad, int64_t vocab_size, int64_t vocab_start);
-  // x [N, C]; targets I32 [N]. Returns the mean token loss of these N tokens; dx receives
+  // x: the final layernorm's output, this rank's rows outside the tp region; targets I32 [N] for all N
+  // rows. Returns the mean token loss of the N tokens; dx (rows like x) receives
   // d(grad_scale * sum of token losses)/dx, and the weight gradient accumulates likewise.
   double forward_backward(LayerContext& ctx, const Tensor& x, const Tensor& targets, float grad_scale,
                           Tensor& dx) const;

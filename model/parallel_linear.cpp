@@ -1,4 +1,4 @@
-// Column- and row-parallel linear layers over the backend's linear kernels and the TP mappings.
+// Column- and row-parallel linear layers over the backend's linear kernels.
 #include "model/parallel_linear.h"
 
 namespace gpt {
@@ -20,7 +20,6 @@ void ColumnParallelLinear::forward(LayerContext& ctx, const Tensor& x, Tensor& y
 void ColumnParallelLinear::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const {
   if (dx) *dx = ctx.backend.empty(x.shape(), x.dtype());
   ctx.backend.linear_backward(dy, x, weight_->value, dx, weight_->grad, &bias_->grad);
-  if (dx) copy_to_tp_backward(ctx, *dx);
 }
 
 RowParallelLinear::RowParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& s) {
@@ -31,10 +30,9 @@ RowParallelLinear::RowParallelLinear(ParameterSet& params, const std::string& pr
   adds_bias_ = s.tp_rank == 0;
 }
 
-void RowParallelLinear::forward(LayerContext& ctx, const Tensor& x_local, Tensor& y) const {
-  y = ctx.backend.empty({x_local.dim(0), weight_->value.dim(0)}, x_local.dtype());
-  ctx.backend.linear_forward(x_local, weight_->value, adds_bias_ ? &bias_->value : nullptr, y);
-  reduce_from_tp_forward(ctx, y);
+void RowParallelLinear::forward(LayerContext& ctx, const Tensor& x_local, Tensor& y_partial) const {
+  y_partial = ctx.backend.empty({x_local.dim(0), weight_->value.dim(0)}, x_local.dtype());
+  ctx.backend.linear_forward(x_local, weight_->value, adds_bias_ ? &bias_->value : nullptr, y_partial);
 }
 
 void RowParallelLinear::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Tensor& dx_local) const {

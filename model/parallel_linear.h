@@ -1,9 +1,9 @@
-// Tensor-parallel linear layers (Megatron's ColumnParallelLinear and RowParallelLinear).
+// Tensor-parallel linear layers (Megatron's ColumnParallelLinear and RowParallelLinear), without the
+// communication around them (the caller places enter_tp_region / exit_tp_region, model/tp_mappings.h).
 // Column-parallel: the weight [out, in] is split along `out`; each rank computes its slice of the output
 // from the full input. Row-parallel: the weight is split along `in`; each rank multiplies its slice of
-// the input and the partial outputs are summed across the group (the bias is added once, on tp rank 0,
-// before the sum). `blocks` > 1 splits a fused weight (q|k|v) so that each rank gets its piece of
-// every block.
+// the input into a partial output that exit_tp_region sums; the bias is added once, on tp rank 0, before
+// the sum. `blocks` > 1 splits a fused weight (q|k|v) so that each rank gets its piece of every block.
 #pragma once
 #include <string>
 
@@ -24,7 +24,7 @@ class ColumnParallelLinear {
   ColumnParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& spec);
   // y [N, out/tp] = x [N, in] . w^T + b
   void forward(LayerContext& ctx, const Tensor& x, Tensor& y) const;
-  // Accumulates dw, db; dx (if non-null) receives the gradient wrt the full input, summed over tp.
+  // Accumulates dw, db; dx (if non-null) receives this rank's part of the gradient wrt the full input.
   void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const;
   int64_t out_local() const { return out_local_; }
 
@@ -37,8 +37,8 @@ class ColumnParallelLinear {
 class RowParallelLinear {
  public:
   RowParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& spec);
-  // y [N, out] = sum over tp of x_local [N, in/tp] . w_local^T, + b
-  void forward(LayerContext& ctx, const Tensor& x_local, Tensor& y) const;
+  // y_partial [N, out] = x_local [N, in/tp] . w_local^T (+ b on tp rank 0)
+  void forward(LayerContext& ctx, const Tensor& x_local, Tensor& y_partial) const;
   // Accumulates dw, db; dx_local receives the gradient wrt this rank's input slice.
   void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Tensor& dx_local) const;
 

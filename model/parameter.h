@@ -44,6 +44,9 @@ struct Parameter {
   // A second copy of a tied tensor (the LM head's word embedding on the last pipeline stage): its
   // gradient is summed with the original's, and it is counted once in norms and checkpoints.
   bool tied_copy = false;
+  // Under sequence parallelism each tp rank computes this replicated tensor's gradient from its own rows
+  // only (layernorm), so the gradients are summed over tp before use.
+  bool sequence_parallel_grad = false;
   InitRule init;
   // Which global parameter this is in canonical (layout-independent) order, for the gradient norm.
   int64_t global_id = -1;

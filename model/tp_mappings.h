@@ -1,7 +1,11 @@
 // The paired forward/backward communication ops of tensor parallelism (Megatron's mappings), named for
-// what they mean in the math rather than for the collective they call:
-//  - copy_to_tp: the input of a column-parallel linear; identity forward, all-reduce of the gradient.
-//  - reduce_from_tp: the output of a row-parallel linear; all-reduce forward, identity backward.
+// where they sit in the model rather than for the collective they call. Activations outside the
+// tensor-parallel region (layernorm, residual) are either replicated on every tp rank, or, with sequence
+// parallelism, split into tp contiguous row blocks of the [B*T, C] activation.
+//  - enter_tp_region: the input of a column-parallel linear. Forward: identity (all-gather of the row
+//    blocks under sequence parallelism). Backward: all-reduce of the gradient (reduce-scatter under SP).
+//  - exit_tp_region: the output of a row-parallel linear (or the vocab-parallel embedding). Forward:
+//    all-reduce of the partial sums (reduce-scatter under SP). Backward: identity (all-gather under SP).
 // With a tensor-parallel group of one every op is the identity.
 #pragma once
 #include "model/ops/backend.h"
@@ -12,13 +16,14 @@ namespace gpt {
 struct LayerContext {
   Backend& backend;
   Communicator& tp;
+  bool sequence_parallel = false;
 };
 
-inline void reduce_from_tp_forward(LayerContext& ctx, Tensor& partial) {
-  if (ctx.tp.size() > 1) ctx.tp.all_reduce(partial);
-}
-inline void copy_to_tp_backward(LayerContext& ctx, Tensor& grad_input) {
-  if (ctx.tp.size() > 1) ctx.tp.all_reduce(grad_input);
-}
+Tensor enter_tp_region(LayerContext& ctx, const Tensor& x);
+Tensor enter_tp_region_backward(LayerContext& ctx, Tensor& grad_full);
+Tensor exit_tp_region(LayerContext& ctx, Tensor& partial);
+Tensor exit_tp_region_backward(LayerContext& ctx, const Tensor& grad);
+// Rows of a [rows_full, C] activation this rank holds outside the tp region.
+int64_t rows_outside_tp_region(const LayerContext& ctx, int64_t rows_full);
 
 }  // namespace gpt

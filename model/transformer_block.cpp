@@ -24,21 +24,27 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   Backend& be = ctx.backend;
   const int64_t D = spec_.hidden / spec_.heads;
   c.input = x;
+  // Attention branch: h = x + proj(attention(qkv(ln1(x))))
   ln1_.forward(ctx, x, c.ln1, c.ln1_stats);
-  qkv_.forward(ctx, c.ln1, c.qkv);
+  c.ln1_full = enter_tp_region(ctx, c.ln1);
+  qkv_.forward(ctx, c.ln1_full, c.qkv);
   c.att = be.empty({B * T, local_heads_ * D}, x.dtype());
   c.probs = be.empty({B, local_heads_, T, T});
   be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.probs);
-  Tensor attn_out;
-  proj_.forward(ctx, c.att, attn_out);
+  Tensor proj_partial;
+  proj_.forward(ctx, c.att, proj_partial);
+  Tensor attn_out = exit_tp_region(ctx, proj_partial);
   c.h = be.empty(x.shape(), x.dtype());
   be.add(x, attn_out, c.h);
+  // MLP branch: out = h + fc2(gelu(fc1(ln2(h))))
   ln2_.forward(ctx, c.h, c.ln2, c.ln2_stats);
-  fc1_.forward(ctx, c.ln2, c.fc1);
+  c.ln2_full = enter_tp_region(ctx, c.ln2);
+  fc1_.forward(ctx, c.ln2_full, c.fc1);
   c.act = be.empty(c.fc1.shape(), c.fc1.dtype());
   be.gelu_forward(c.fc1, c.act);
-  Tensor mlp_out;
-  fc2_.forward(ctx, c.act, mlp_out);
+  Tensor fc2_partial;
+  fc2_.forward(ctx, c.act, fc2_partial);
+  Tensor mlp_out = exit_tp_region(ctx, fc2_partial);
   out = be.empty(x.shape(), x.dtype());
   be.add(c.h, mlp_out, out);
 }
@@ -47,22 +53,26 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
                                 Tensor& dx) const {
   Backend& be = ctx.backend;
   const int64_t D = spec_.hidden / spec_.heads;
-  // MLP branch: out = h + fc2(gelu(fc1(ln2(h))))
-  Tensor dact, dfc1, dln2, dh;
-  fc2_.backward(ctx, dout, c.act, dact);
-  dfc1 = be.empty(c.fc1.shape(), c.fc1.dtype());
+  // MLP branch
+  Tensor dout_full = exit_tp_region_backward(ctx, dout);
+  Tensor dact, dln2_full, dh;
+  fc2_.backward(ctx, dout_full, c.act, dact);
+  Tensor dfc1 = be.empty(c.fc1.shape(), c.fc1.dtype());
   be.gelu_backward(dact, c.fc1, dfc1);
-  fc1_.backward(ctx, dfc1, c.ln2, &dln2);
+  fc1_.backward(ctx, dfc1, c.ln2_full, &dln2_full);
+  Tensor dln2 = enter_tp_region_backward(ctx, dln2_full);
   ln2_.backward(ctx, dln2, c.h, c.ln2_stats, dh);
   be.accumulate(dout, dh);  // residual
-  c.act = c.fc1 = c.ln2 = Tensor();
-  // Attention branch: h = x + proj(attention(qkv(ln1(x))))
-  Tensor datt, dqkv, dln1;
-  proj_.backward(ctx, dh, c.att, datt);
-  dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
+  c.act = c.fc1 = c.ln2 = c.ln2_full = Tensor();
+  // Attention branch
+  Tensor dh_full = exit_tp_region_backward(ctx, dh);
+  Tensor datt, dln1_full;
+  proj_.backward(ctx, dh_full, c.att, datt);
+  Tensor dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
   be.attention_backward(datt, c.qkv, c.probs, B, T, local_heads_, D, dqkv);
   c.probs = c.att = Tensor();
-  qkv_.backward(ctx, dqkv, c.ln1, &dln1);
+  qkv_.backward(ctx, dqkv, c.ln1_full, &dln1_full);
+  Tensor dln1 = enter_tp_region_backward(ctx, dln1_full);
   ln1_.backward(ctx, dln1, c.input, c.ln1_stats, dx);
   be.accumulate(dh, dx);  // residual
   c = BlockCache();

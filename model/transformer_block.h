@@ -19,18 +19,22 @@ struct BlockSpec {
   int tp_size = 1, tp_rank = 0;
 };
 
+// Tensors marked "full" span all B*T rows; the others hold this rank's rows outside the tp region
+// (all rows, or one row block under sequence parallelism).
 struct BlockCache {
-  Tensor input;  // x, [N, C]
-  Tensor ln1, qkv, att, probs, h, ln2, fc1, act;
+  Tensor input;               // x
+  Tensor ln1_full, ln2_full;  // layernorm outputs as the column-parallel linears saw them
+  Tensor ln1, h, ln2;
+  Tensor qkv, att, probs, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice
   LayerNorm::Cache ln1_stats, ln2_stats;
 };
 
 class TransformerBlock {
  public:
   TransformerBlock(ParameterSet& params, const std::string& prefix, const BlockSpec& spec);
-  // x [B*T, C] -> out [B*T, C]
+  // x [rows, C] -> out [rows, C]
   void forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& cache) const;
-  // dout [B*T, C] -> dx [B*T, C]; accumulates parameter gradients; releases the cache's tensors.
+  // dout [rows, C] -> dx [rows, C]; accumulates parameter gradients; releases the cache's tensors.
   void backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& cache, Tensor& dx) const;
 
  private:

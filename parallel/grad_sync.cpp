@@ -16,6 +16,13 @@ void reduce_tied_embedding(ParallelState& ps, Backend& backend, const std::vecto
       if (p->global_id == 0) ps.embedding->all_reduce(p->grad);
 }
 
+void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<ModelChunk*>& chunks) {
+  if (ps.tp_size() == 1) return;
+  for (ModelChunk* c : chunks)
+    for (auto& p : c->params().params())
+      if (p->sequence_parallel_grad) ps.tp->all_reduce(p->grad);
+}
+
 void all_reduce_data_parallel(ParallelState& ps, const std::vector<ModelChunk*>& chunks, int64_t bucket_bytes) {
   if (ps.dp_size() == 1) return;
   int64_t bucket_elems = std::max<int64_t>(1, bucket_bytes / 4);

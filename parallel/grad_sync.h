@@ -14,6 +14,9 @@
 namespace gpt {
 
 void reduce_tied_embedding(ParallelState& ps, Backend& backend, const std::vector<ModelChunk*>& chunks);
+// Under sequence parallelism: sums the gradients of replicated tensors computed from row blocks
+// (layernorm) over the tp group.
+void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<ModelChunk*>& chunks);
 // Sums gradients over dp in buckets of at most bucket_bytes.
 void all_reduce_data_parallel(ParallelState& ps, const std::vector<ModelChunk*>& chunks, int64_t bucket_bytes);
 // sqrt of the sum of squares of every global gradient element. `sharded_over_dp`: each dp rank holds a

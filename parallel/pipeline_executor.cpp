@@ -67,7 +67,7 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
     ModelChunk& chunk = *chunks[a.chunk];
     const bool needs_data = chunk.is_first() || chunk.is_last();
     const Microbatch& b = io.batch(a.microbatch, needs_data);
-    const int64_t rows = b.B * b.T;
+    const int64_t rows = rows_outside_tp_region(ctx, b.B * b.T);
     const int64_t hidden = chunk.hidden();
     Tensor input;
     if (a.recv)

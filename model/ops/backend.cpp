@@ -1,0 +1,28 @@
+// Backend pieces shared by every implementation (zeros) and the factory that maps the config's `backend`
+// value to an implementation compiled into this binary.
+#include "model/ops/backend.h"
+
+#include <stdexcept>
+
+#include "model/ops/cpu/cpu_backend.h"
+
+namespace gpt {
+
+Tensor Backend::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  fill(t, 0.f);
+  return t;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
+  if (name == "cpu") return std::make_unique<CpuBackend>();
+  if (name == "cuda") {
+    throw std::runtime_error(
+        "backend 'cuda' requested (local rank " + std::to_string(local_rank) +
+        ") but the CUDA backend is not built into this binary; rebuild with the CUDA toolkit available "
+        "(cmake -DGPT_CUDA=ON) or set backend: cpu");
+  }
+  throw std::runtime_error("unknown backend '" + name + "': valid values are 'cpu' and 'cuda'");
+}
+
+}  // namespace gpt

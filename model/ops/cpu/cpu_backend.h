@@ -1,0 +1,65 @@
+// CpuBackend: the Backend interface on host memory. Matrix products go to OpenBLAS (cblas_sgemm), the rest
+// are OpenMP loops written so the compiler vectorises them. Kernels compute in fp32; BF16/F16 tensors are
+// accepted everywhere a float tensor is and are converted on the way in and out (see cpu_tensor_access.h).
+// The implementation is split by concern: cpu_memory.cpp (allocation, fill, copy, upload/download),
+// cpu_linear.cpp, cpu_layernorm.cpp, cpu_elementwise.cpp (GELU, residual add, scale), cpu_embedding.cpp,
+// cpu_attention.cpp, cpu_cross_entropy.cpp and cpu_adamw.cpp (AdamW, sum of squares).
+#pragma once
+#include "model/ops/backend.h"
+
+namespace gpt {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::CPU; }
+
+  Tensor empty(const Shape& shape, DType dtype = DType::F32) override;
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void upload(const float* host, Tensor& dst) override;
+  void download(const Tensor& src, float* host) override;
+  void upload_i32(const int32_t* host, Tensor& dst) override;
+  void download_i32(const Tensor& src, int32_t* host) override;
+  size_t memory_in_use() const override;
+  size_t memory_peak() const override;
+  void reset_memory_peak() override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
+  void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
+                       Tensor* db) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
+                         Tensor& rstd, float eps) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+
+  void gelu_forward(const Tensor& x, Tensor& y) override;
+  void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void accumulate(const Tensor& src, Tensor& dst) override;
+  void scale(Tensor& t, float alpha) override;
+
+  void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) override;
+  void add_positions(const Tensor& pos_table, int64_t T, Tensor& out) override;
+  void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) override;
+
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
+                         Tensor& probs) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
+                          int64_t H, int64_t D, Tensor& dqkv) override;
+
+  void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
+  void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
+                  int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) override;
+  void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,
+                   int64_t vocab_start, int64_t vocab_size, float grad_scale, Tensor& dlogits) override;
+
+  double sum_squares(const Tensor& t) override;
+  void adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int64_t step) override;
+};
+
+}  // namespace gpt

@@ -1,0 +1,149 @@
+// Host memory for CpuBackend: 64-byte aligned allocations (a cache line, and the widest vector load) with
+// process-wide atomic counters of bytes in use and their high-water mark, plus fill, dtype-converting
+// copy and the host upload/download entry points. The counters are global rather than per backend
+// object because Storage's deleter is a plain function pointer that must find them without a `this`.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_tensor_access.h"
+#include "model/ops/half.h"
+
+namespace gpt {
+
+using namespace cpu;
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+std::atomic<size_t> g_bytes_in_use{0};
+std::atomic<size_t> g_bytes_peak{0};
+
+void raise_peak(size_t now) {
+  size_t seen = g_bytes_peak.load(std::memory_order_relaxed);
+  while (now > seen && !g_bytes_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+
+void free_host(void* ptr, size_t bytes) {
+  std::free(ptr);
+  g_bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+// Copies of a few MB and up are worth splitting across threads.
+void parallel_memcpy(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kChunk = size_t(1) << 20;
+  const int64_t chunks = static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (chunks > 4)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t lo = c * kChunk;
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, std::min(kChunk, bytes - lo));
+  }
+}
+
+}  // namespace
+
+Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
+  for (int64_t d : shape) require(d >= 0, "empty", "negative dimension in shape " + shape_str(shape));
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  // aligned_alloc wants a multiple of the alignment; empty tensors still get a real (unused) block.
+  const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  if (!ptr) {
+    throw std::runtime_error("CpuBackend::empty: out of host memory allocating " + std::to_string(bytes) +
+                             " bytes for " + shape_str(shape) + " " + dtype_name(dtype) + " (" +
+                             std::to_string(g_bytes_in_use.load()) + " bytes already in use)");
+  }
+  auto storage = std::make_shared<Storage>();
+  storage->ptr = ptr;
+  storage->bytes = bytes;
+  storage->device = Device::CPU;
+  storage->deleter = &free_host;
+  raise_peak(g_bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  return Tensor(std::move(storage), 0, shape, dtype);
+}
+
+size_t CpuBackend::memory_in_use() const { return g_bytes_in_use.load(std::memory_order_relaxed); }
+size_t CpuBackend::memory_peak() const { return g_bytes_peak.load(std::memory_order_relaxed); }
+void CpuBackend::reset_memory_peak() { g_bytes_peak.store(g_bytes_in_use.load(std::memory_order_relaxed)); }
+
+void CpuBackend::fill(Tensor& t, float value) {
+  require(t.defined() && t.device() == Device::CPU, "fill", "tensor must be a defined host tensor");
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::F32: {
+      float* p = t.f32();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      return;
+    }
+    case DType::BF16:
+    case DType::F16: {
+      const uint16_t bits = t.dtype() == DType::BF16 ? fp32_to_bf16(value) : fp32_to_fp16(value);
+      uint16_t* p = t.data<uint16_t>();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) p[i] = bits;
+      return;
+    }
+    case DType::I32: {
+      require(std::isfinite(value) && value == std::trunc(value) && std::fabs(value) < 2147483648.0f, "fill",
+              "cannot fill an int32 tensor with non-integer value " + std::to_string(value));
+      const int32_t v = static_cast<int32_t>(value);
+      int32_t* p = t.i32();
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) p[i] = v;
+      return;
+    }
+  }
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  require(src.defined() && dst.defined(), "copy", "source and destination must be defined tensors");
+  require(src.device() == Device::CPU && dst.device() == Device::CPU, "copy", "tensors must live in host memory");
+  require(src.numel() == dst.numel(), "copy",
+          "element counts differ: source " + describe(src) + ", destination " + describe(dst));
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw() != dst.raw()) parallel_memcpy(dst.raw(), src.raw(), src.bytes());
+    return;
+  }
+  require(is_float(src.dtype()) && is_float(dst.dtype()), "copy",
+          "cannot convert between " + describe(src) + " and " + describe(dst) + " (only float dtypes convert)");
+  if (src.dtype() == DType::F32) {
+    from_f32(src.f32(), dst.raw(), dst.dtype(), dst.numel());
+  } else if (dst.dtype() == DType::F32) {
+    to_f32(src.raw(), src.dtype(), dst.f32(), dst.numel());
+  } else {
+    // bf16 <-> fp16 goes through fp32, which holds both exactly, so only the final rounding happens.
+    F32Input staged(src, "copy", "src");
+    from_f32(staged.get(), dst.raw(), dst.dtype(), dst.numel());
+  }
+}
+
+void CpuBackend::upload(const float* host, Tensor& dst) {
+  require_float(dst, "upload", "dst");
+  from_f32(host, dst.raw(), dst.dtype(), dst.numel());
+}
+
+void CpuBackend::download(const Tensor& src, float* host) {
+  require_float(src, "download", "src");
+  to_f32(src.raw(), src.dtype(), host, src.numel());
+}
+
+void CpuBackend::upload_i32(const int32_t* host, Tensor& dst) {
+  require_dtype(dst, DType::I32, "upload_i32", "dst");
+  parallel_memcpy(dst.raw(), host, dst.bytes());
+}
+
+void CpuBackend::download_i32(const Tensor& src, int32_t* host) {
+  require_dtype(src, DType::I32, "download_i32", "src");
+  parallel_memcpy(host, src.raw(), src.bytes());
+}
+
+}  // namespace gpt

@@ -1,0 +1,143 @@
+// Argument checks, bulk dtype conversion and the fp32 tensor windows declared in cpu_tensor_access.h.
+// fp16 conversion uses the F16C instructions when the build targets them (same round-to-nearest-even
+// result as the scalar code in half.h, which handles the tails and other targets).
+#include "model/ops/cpu/cpu_tensor_access.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "model/ops/half.h"
+
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+namespace gpt::cpu {
+
+namespace {
+
+// Conversions are memory bound; below this many elements threads cost more than they save.
+constexpr int64_t kParallelConvert = 1 << 15;
+
+void fp16_to_f32_range(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+
+void f32_to_fp16_range(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
+
+}  // namespace
+
+void require(bool ok, const char* op, const std::string& message) {
+  if (!ok) throw std::runtime_error(std::string("CpuBackend::") + op + ": " + message);
+}
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
+
+static void require_host(const Tensor& t, const char* op, const char* arg) {
+  require(t.defined(), op, std::string(arg) + " is an undefined tensor");
+  require(t.device() == Device::CPU, op, std::string(arg) + " does not live in host memory");
+}
+
+void require_float(const Tensor& t, const char* op, const char* arg) {
+  require_host(t, op, arg);
+  require(is_float(t.dtype()), op, std::string(arg) + " must be a float tensor, got " + describe(t));
+}
+
+void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) {
+  require_host(t, op, arg);
+  require(t.dtype() == dtype, op,
+          std::string(arg) + " must be " + dtype_name(dtype) + ", got " + describe(t));
+}
+
+void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) {
+  require(t.numel() == numel, op,
+          std::string(arg) + " is " + describe(t) + " but " + what + " (" + std::to_string(numel) +
+              " elements) is required");
+}
+
+void to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
+  if (src_dtype == DType::F32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  if (!is_float(src_dtype)) throw std::runtime_error(std::string("to_f32: not a float dtype: ") + dtype_name(src_dtype));
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n > kParallelConvert)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t lo = blk * kBlock, len = std::min(kBlock, n - lo);
+    if (src_dtype == DType::F16) {
+      fp16_to_f32_range(s + lo, dst + lo, len);
+    } else {
+      for (int64_t i = lo; i < lo + len; ++i) dst[i] = bf16_to_fp32(s[i]);
+    }
+  }
+}
+
+void from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
+  if (dst_dtype == DType::F32) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  if (!is_float(dst_dtype)) throw std::runtime_error(std::string("from_f32: not a float dtype: ") + dtype_name(dst_dtype));
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n > kParallelConvert)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t lo = blk * kBlock, len = std::min(kBlock, n - lo);
+    if (dst_dtype == DType::F16) {
+      f32_to_fp16_range(src + lo, d + lo, len);
+    } else {
+      for (int64_t i = lo; i < lo + len; ++i) d[i] = fp32_to_bf16(src[i]);
+    }
+  }
+}
+
+F32Input::F32Input(const Tensor& t, const char* op, const char* arg) {
+  require_float(t, op, arg);
+  if (t.dtype() == DType::F32) {
+    ptr_ = t.f32();
+    return;
+  }
+  scratch_.reset(new float[t.numel()]);
+  to_f32(t.raw(), t.dtype(), scratch_.get(), t.numel());
+  ptr_ = scratch_.get();
+}
+
+F32Output::F32Output(Tensor& t, bool load, const char* op, const char* arg) : tensor_(t) {
+  require_float(t, op, arg);
+  if (t.dtype() == DType::F32) {
+    ptr_ = t.f32();
+    return;
+  }
+  scratch_.reset(new float[t.numel()]);
+  if (load) to_f32(t.raw(), t.dtype(), scratch_.get(), t.numel());
+  ptr_ = scratch_.get();
+}
+
+void F32Output::commit() {
+  if (scratch_) from_f32(scratch_.get(), tensor_.raw(), tensor_.dtype(), tensor_.numel());
+}
+
+}  // namespace gpt::cpu

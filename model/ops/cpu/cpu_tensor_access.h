@@ -1,0 +1,58 @@
+// How CPU kernels read and write tensors: argument checks that throw with the op and argument named, bulk
+// dtype conversion (fp32 <-> bf16 / fp16), and fp32 windows onto tensors of any float dtype. Kernels are
+// written once for fp32; an F32 tensor is used in place, a 16-bit one goes through a converted copy, so a
+// BF16/F16 tensor is never misread as fp32.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/tensor.h"
+
+namespace gpt::cpu {
+
+// Throws std::runtime_error("CpuBackend::<op>: <message>") unless `ok`.
+void require(bool ok, const char* op, const std::string& message);
+// Checks that `t` is defined, lives on the host and holds a float dtype (F32/BF16/F16).
+void require_float(const Tensor& t, const char* op, const char* arg);
+// Checks that `t` is defined, on the host and of exactly `dtype`.
+void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg);
+// Checks that `t` holds exactly `numel` elements; `what` describes the expected shape for the message.
+void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what);
+// "[2, 3] fp32", for messages.
+std::string describe(const Tensor& t);
+
+bool is_float(DType t);
+
+// Element-wise conversions between an fp32 array and n elements of a float dtype (F32 is a plain copy).
+// Parallel over OpenMP threads for large n.
+void to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
+void from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
+
+// Read-only fp32 view of a float tensor.
+class F32Input {
+ public:
+  F32Input(const Tensor& t, const char* op, const char* arg);
+  const float* get() const { return ptr_; }
+
+ private:
+  std::unique_ptr<float[]> scratch_;
+  const float* ptr_ = nullptr;
+};
+
+// Writable fp32 view of a float tensor. For a 16-bit tensor the kernel writes a scratch buffer and
+// commit() rounds it back into the tensor; `load` pre-fills the scratch with the current values (needed
+// for "+=" outputs). Call commit() once the kernel is done; for F32 tensors it does nothing.
+class F32Output {
+ public:
+  F32Output(Tensor& t, bool load, const char* op, const char* arg);
+  float* get() const { return ptr_; }
+  void commit();
+
+ private:
+  Tensor tensor_;
+  std::unique_ptr<float[]> scratch_;
+  float* ptr_ = nullptr;
+};
+
+}  // namespace gpt::cpu
