@@ -12,6 +12,7 @@
 #include "app/logging.h"
 #include "app/metrics.h"
 #include "data/batch_loader.h"
+#include "parallel/data_parallel.h"
 #include "parallel/grad_sync.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_schedule.h"
@@ -53,14 +54,13 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
     bool first = ps.pp_rank() == 0 && c == 0;
     bool last = ps.pp_rank() == p - 1 && c == v - 1;
     chunks_.push_back(std::make_unique<ModelChunk>(spec_, begin, end, first, last));
-    chunks_.back()->allocate_and_init(backend_, static_cast<uint64_t>(cfg.training.seed));
+    chunks_.back()->allocate_and_init(backend_, static_cast<uint64_t>(cfg.training.seed), ps.dp_size());
   }
-  std::vector<Parameter*> params;
-  for (auto& c : chunks_)
-    for (auto& prm : c->params().params()) params.push_back(prm.get());
   AdamWConfig ac{static_cast<float>(cfg.optimizer.beta1), static_cast<float>(cfg.optimizer.beta2),
                  static_cast<float>(cfg.optimizer.eps), static_cast<float>(cfg.optimizer.weight_decay)};
-  optimizer_ = std::make_unique<AdamW>(backend_, params, ac);
+  optimizer_ = std::make_unique<DataParallelOptimizer>(ps_, backend_, chunks(), ac,
+                                                       cfg.parallel.distributed_optimizer,
+                                                       cfg.parallel.bucket_size_mb << 20);
   lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
                    cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters};
   train_source_ = make_synthetic_source(cfg.data.synthetic, cfg.model.seq_length, cfg.model.vocab_size,
@@ -90,11 +90,11 @@ StepStats Trainer::step() {
 
   reduce_tied_embedding(ps_, backend_, chunk_list);
   if (cfg_.parallel.sequence_parallel) reduce_sequence_parallel_grads(ps_, chunk_list);
-  all_reduce_data_parallel(ps_, chunk_list, cfg_.parallel.bucket_size_mb << 20);
+  optimizer_->reduce_gradients();
   StepStats s;
   s.iteration = ++iteration_;
-  s.grad_norm = global_grad_norm(ps_, backend_, chunk_list, num_global_params(spec_.num_layers));
-  clip_gradients(backend_, chunk_list, s.grad_norm, cfg_.optimizer.clip_grad);
+  s.grad_norm = optimizer_->grad_norm(num_global_params(spec_.num_layers));
+  optimizer_->clip(s.grad_norm, cfg_.optimizer.clip_grad);
   s.lr = lr_.at(iteration_);
   optimizer_->step(static_cast<float>(s.lr));
   consumed_ += cfg_.training.global_batch_size;

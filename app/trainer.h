@@ -16,6 +16,7 @@
 namespace gpt {
 
 class MetricsWriter;
+class DataParallelOptimizer;
 
 struct StepStats {
   int64_t iteration = 0;
@@ -49,7 +50,7 @@ class Trainer {
   Backend& backend_;
   ModelSpec spec_;
   std::vector<std::unique_ptr<ModelChunk>> chunks_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<DataParallelOptimizer> optimizer_;
   std::unique_ptr<SampleSource> train_source_;
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;

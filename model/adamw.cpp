@@ -3,23 +3,21 @@
 
 namespace gpt {
 
-AdamW::AdamW(Backend& backend, std::vector<Parameter*> params, AdamWConfig cfg) : backend_(backend), cfg_(cfg) {
-  for (Parameter* p : params) {
-    State s{p, p->value, backend.zeros(p->value.shape()), backend.zeros(p->value.shape())};
-    if (p->value.dtype() != DType::F32) {
-      s.master = backend.empty(p->value.shape(), DType::F32);
-      backend.copy(p->value, s.master);
-    }
-    states_.push_back(s);
+void AdamW::add_segment(Parameter* p, Tensor value, Tensor grad) {
+  OptimizerSegment s{p, value, grad, value, backend_.zeros(value.shape()), backend_.zeros(value.shape())};
+  if (value.dtype() != DType::F32) {
+    s.master = backend_.empty(value.shape(), DType::F32);
+    backend_.copy(value, s.master);
   }
+  segments_.push_back(s);
 }
 
 void AdamW::step(float lr) {
   ++step_;
-  for (State& s : states_) {
+  for (OptimizerSegment& s : segments_) {
     float wd = s.param->weight_decay ? cfg_.weight_decay : 0.f;
-    backend_.adamw_step(s.master, s.param->grad, s.m, s.v, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
-    if (s.master.raw() != s.param->value.raw()) backend_.copy(s.master, s.param->value);
+    backend_.adamw_step(s.master, s.grad, s.m, s.v, lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
+    if (s.master.raw() != s.value.raw()) backend_.copy(s.master, s.value);
   }
 }
 

@@ -52,8 +52,8 @@ ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_en
   }
 }
 
-void ModelChunk::allocate_and_init(Backend& backend, uint64_t seed) {
-  params_.allocate(backend, spec_.dtype);
+void ModelChunk::allocate_and_init(Backend& backend, uint64_t seed, int64_t pad_multiple) {
+  params_.allocate(backend, spec_.dtype, pad_multiple);
   for (auto& p : params_.params()) init_parameter(backend, *p, seed);
   if (head_weight_) {
     int64_t vocab_start = spec_.tp_rank * (spec_.padded_vocab / spec_.tp_size);

@@ -44,7 +44,7 @@ class ModelChunk {
   bool is_first() const { return embedding_.has_value(); }
   bool is_last() const { return head_ != nullptr; }
   // Allocates parameters in `dtype`, initialises them from (seed, name, index) and sets up the tied head.
-  void allocate_and_init(Backend& backend, uint64_t seed);
+  void allocate_and_init(Backend& backend, uint64_t seed, int64_t pad_multiple = 1);
 
   // Training forward of microbatch `mb`. First chunk reads mb.tokens, others `input` [B*T, C].
   // The last chunk computes the loss (returned in *loss) and its gradient scaled by grad_scale, and returns

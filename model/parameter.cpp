@@ -46,18 +46,24 @@ Parameter& ParameterSet::add(std::string name, Shape global_shape, ShardSpec sha
   return *params_.back();
 }
 
-void ParameterSet::allocate(Backend& backend, DType dtype) {
+void ParameterSet::allocate(Backend& backend, DType dtype, int64_t pad_multiple) {
   int64_t total = 0;
   for (auto& p : params_) total += shape_numel(p->shard.local_shape(p->global_shape));
+  total = (total + pad_multiple - 1) / pad_multiple * pad_multiple;
   grad_buffer_ = backend.zeros({total}, DType::F32);
+  value_buffer_ = backend.zeros({total}, dtype);
   int64_t offset = 0;
   for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
     Parameter& p = **it;
     Shape ls = p.shard.local_shape(p.global_shape);
-    p.value = backend.empty(ls, dtype);
+    p.value = value_buffer_.slice_elems(offset, ls);
     p.grad = grad_buffer_.slice_elems(offset, ls);
     offset += shape_numel(ls);
   }
+}
+
+int64_t ParameterSet::offset_of(const Parameter& p) const {
+  return (static_cast<const char*>(p.grad.raw()) - static_cast<const char*>(grad_buffer_.raw())) / 4;
 }
 
 std::vector<Parameter*> ParameterSet::all() {

@@ -52,21 +52,28 @@ struct Parameter {
   int64_t global_id = -1;
 };
 
-// Owns a list of parameters and their flat gradient buffer. Parameters are registered in forward order;
-// the gradient buffer is laid out in reverse registration order so backward fills it front to back.
+// Owns a list of parameters, one flat value buffer and one flat fp32 gradient buffer with the same layout.
+// Parameters are registered in forward order; the buffers are laid out in reverse registration order so
+// backward fills the gradients front to back (data-parallel buckets can start early), and the
+// distributed optimizer can shard both buffers by plain element ranges.
 class ParameterSet {
  public:
   Parameter& add(std::string name, Shape global_shape, ShardSpec shard, bool weight_decay, bool tp_replicated);
-  // Allocates values (in `dtype`) and one flat fp32 gradient buffer; call once after all add() calls.
-  void allocate(Backend& backend, DType dtype);
+  // Allocates the value buffer (in `dtype`) and the gradient buffer; call once after all add() calls.
+  // The buffers are padded to a multiple of `pad_multiple` elements (the distributed optimizer shards them
+  // evenly over data-parallel ranks).
+  void allocate(Backend& backend, DType dtype, int64_t pad_multiple = 1);
+  // Element offset of p in both flat buffers.
+  int64_t offset_of(const Parameter& p) const;
   std::vector<Parameter*> all();
   const std::vector<std::unique_ptr<Parameter>>& params() const { return params_; }
   Tensor& grad_buffer() { return grad_buffer_; }
+  Tensor& value_buffer() { return value_buffer_; }
   void zero_grad(Backend& backend);
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
-  Tensor grad_buffer_;
+  Tensor grad_buffer_, value_buffer_;
 };
 
 // Fills p.value from the counter RNG according to p.init.

@@ -1,0 +1,165 @@
+// Causal multi-head self-attention on the CPU, materialising the softmax in probs [B, H, T, T].
+// Q, K and V are read in place from the packed qkv rows (leading dimension 3*H*D), so no transposes are
+// copied. Work is cut into blocks of kBlock query rows: block i only needs keys 0..end(i), which skips
+// the masked upper triangle except for the diagonal blocks (about half the FLOPs at long T). Each
+// block's products are single-threaded sgemm calls issued from an OpenMP loop over (sequence, head).
+//
+// Backward, per (b, h) with P the softmax and S = scale * Q K^T:
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_math.h"
+#include "model/ops/cpu/cpu_parallel.h"
+#include "model/ops/cpu/cpu_tensor_access.h"
+
+namespace gpt {
+
+using namespace cpu;
+
+namespace {
+
+constexpr int64_t kBlock = 64;
+
+struct AttentionDims {
+  int64_t B, T, H, D;
+  int64_t qkv_ld() const { return 3 * H * D; }
+  int64_t out_ld() const { return H * D; }
+  int64_t blocks() const { return (T + kBlock - 1) / kBlock; }
+};
+
+AttentionDims check_attention(const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T, int64_t H, int64_t D,
+                              const char* op) {
+  require(B > 0 && T > 0 && H > 0 && D > 0, op,
+          "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
+              std::to_string(H) + ", " + std::to_string(D));
+  const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                           " D=" + std::to_string(D);
+  require_float(qkv, op, "qkv");
+  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
+  require_dtype(probs, DType::F32, op, "probs");
+  require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T] for " + dims);
+  return {B, T, H, D};
+}
+
+// Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
+void causal_softmax_row(float* row, int64_t i, int64_t T) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j <= i; ++j) {
+    const float e = fast_exp(row[j] - mx);
+    row[j] = e;
+    sum += e;
+  }
+  const float inv = 1.f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+  for (int64_t j = i + 1; j < T; ++j) row[j] = 0.f;
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
+                                   Tensor& probs) {
+  const char* op = "attention_forward";
+  const AttentionDims d = check_attention(qkv, probs, B, T, H, D, op);
+  require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
+  F32Input qf(qkv, op, "qkv");
+  F32Output of(out, false, op, "out");
+  const float* base = qf.get();
+  float* outp = of.get();
+  float* pp = probs.f32();
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = d.blocks();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+
+  SingleThreadedBlas blas_guard;
+  // One task per (sequence, head, query block); blocks further down the sequence cost more, so hand them
+  // out dynamically.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < B * H * nblk; ++task) {
+    const int64_t bh = task / nblk, blk = task % nblk;
+    const int64_t b = bh / H, h = bh % H;
+    const float* q = base + b * T * ld + h * D;
+    const float* k = q + H * D;
+    const float* v = k + H * D;
+    float* o = outp + b * T * ldo + h * D;
+    float* p = pp + bh * T * T;
+    const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+    // Scores for query rows i0..i1 against keys 0..i1 (later keys are all masked).
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, D, scale, q + i0 * ld, ld, k, ld, 0.f, p + i0 * T, T);
+    for (int64_t i = i0; i < i1; ++i) causal_softmax_row(p + i * T, i, T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, i1, 1.f, p + i0 * T, T, v, ld, 0.f, o + i0 * ldo,
+                ldo);
+  }
+  of.commit();
+}
+
+void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
+                                    int64_t H, int64_t D, Tensor& dqkv) {
+  const char* op = "attention_backward";
+  const AttentionDims d = check_attention(qkv, probs, B, T, H, D, op);
+  require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
+  require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
+  F32Input qf(qkv, op, "qkv"), df(dout, op, "dout");
+  F32Output gf(dqkv, false, op, "dqkv");
+  const float *base = qf.get(), *dbase = df.get(), *pp = probs.f32();
+  float* gbase = gf.get();
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = d.blocks();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+
+  SingleThreadedBlas blas_guard;
+#pragma omp parallel
+  {
+    // dP, turned into scale * dS in place; only the lower-triangle blocks are ever written or read.
+    std::unique_ptr<float[]> ds(new float[T * T]);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* q = base + b * T * ld + h * D;
+      const float* k = q + H * D;
+      const float* v = k + H * D;
+      const float* dO = dbase + b * T * ldo + h * D;
+      float* dq = gbase + b * T * ld + h * D;
+      float* dk = dq + H * D;
+      float* dv = dk + H * D;
+      const float* p = pp + bh * T * T;
+      float* s = ds.get();
+      for (int64_t blk = 0; blk < nblk; ++blk) {
+        const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, 0.f, s + i0 * T,
+                    T);
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* pr = p + i * T;
+          float* sr = s + i * T;
+          float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t j = 0; j <= i; ++j) dot += pr[j] * sr[j];
+#pragma omp simd
+          for (int64_t j = 0; j <= i; ++j) sr[j] = scale * pr[j] * (sr[j] - dot);
+          for (int64_t j = i + 1; j < i1; ++j) sr[j] = 0.f;  // masked part of the diagonal block
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, i1, 1.f, s + i0 * T, T, k, ld, 0.f, dq + i0 * ld,
+                    ld);
+      }
+      // Key block j0..j1 is attended to by query rows j0..T only.
+      for (int64_t blk = 0; blk < nblk; ++blk) {
+        const int64_t j0 = blk * kBlock, j1 = std::min(T, j0 + kBlock), w = j1 - j0, rows = T - j0;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w, D, rows, 1.f, s + j0 * T + j0, T, q + j0 * ld, ld, 0.f,
+                    dk + j0 * ld, ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w, D, rows, 1.f, p + j0 * T + j0, T, dO + j0 * ldo, ldo,
+                    0.f, dv + j0 * ld, ld);
+      }
+    }
+  }
+  gf.commit();
+}
+
+}  // namespace gpt

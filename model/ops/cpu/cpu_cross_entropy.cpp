@@ -1,0 +1,124 @@
+// Softmax cross-entropy over a possibly vocab-sharded logits[N, Vl] on the CPU, in the three stages the
+// caller interleaves with tensor-parallel all-reduces (row max, then sum of exponentials and the target's
+// logit, then the gradient). Columns whose global id is at or past vocab_size are padding: they are
+// skipped by every stage and get a zero gradient, so they can never win the softmax.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_math.h"
+#include "model/ops/cpu/cpu_tensor_access.h"
+
+namespace gpt {
+
+using namespace cpu;
+
+namespace {
+
+struct VocabShard {
+  int64_t rows;  // N
+  int64_t cols;  // Vl, including padding
+  int64_t real;  // leading columns that hold real vocabulary entries
+};
+
+VocabShard check_logits(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, const char* op) {
+  require_float(logits, op, "logits");
+  require(logits.ndim() >= 1 && logits.dim(-1) > 0, op, "logits must be [N, Vl], got " + describe(logits));
+  require(vocab_start >= 0 && vocab_size > 0, op,
+          "vocab_start must be >= 0 and vocab_size > 0, got " + std::to_string(vocab_start) + " and " +
+              std::to_string(vocab_size));
+  const int64_t cols = logits.dim(-1);
+  return {logits.numel() / cols, cols, std::clamp<int64_t>(vocab_size - vocab_start, 0, cols)};
+}
+
+void check_row_vector(const Tensor& t, int64_t rows, const char* op, const char* arg) {
+  require_dtype(t, DType::F32, op, arg);
+  require_numel(t, rows, op, arg, "one value per logits row");
+}
+
+// Targets must be real token ids; one outside the vocabulary would silently count as "in another shard".
+const int32_t* check_targets(const Tensor& targets, int64_t rows, int64_t vocab_size, const char* op) {
+  require_dtype(targets, DType::I32, op, "targets");
+  require_numel(targets, rows, op, "targets", "one target per logits row");
+  const int32_t* tp = targets.i32();
+  for (int64_t n = 0; n < rows; ++n) {
+    require(tp[n] >= 0 && tp[n] < vocab_size, op,
+            "target " + std::to_string(tp[n]) + " at row " + std::to_string(n) + " is outside the vocabulary [0, " +
+                std::to_string(vocab_size) + ")");
+  }
+  return tp;
+}
+
+}  // namespace
+
+void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) {
+  const char* op = "ce_row_max";
+  const VocabShard s = check_logits(logits, vocab_start, vocab_size, op);
+  check_row_vector(row_max, s.rows, op, "row_max");
+  F32Input lf(logits, op, "logits");
+  const float* lp = lf.get();
+  float* mp = row_max.f32();
+#pragma omp parallel for schedule(static) if (s.rows * s.real > (1 << 15))
+  for (int64_t n = 0; n < s.rows; ++n) {
+    const float* row = lp + n * s.cols;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = 0; c < s.real; ++c) mx = std::max(mx, row[c]);
+    mp[n] = mx;
+  }
+}
+
+void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
+                            int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) {
+  const char* op = "ce_sum_exp";
+  const VocabShard s = check_logits(logits, vocab_start, vocab_size, op);
+  check_row_vector(row_max, s.rows, op, "row_max");
+  check_row_vector(sum_exp, s.rows, op, "sum_exp");
+  check_row_vector(target_logit, s.rows, op, "target_logit");
+  const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
+  F32Input lf(logits, op, "logits");
+  const float *lp = lf.get(), *mp = row_max.f32();
+  float *sp = sum_exp.f32(), *tlp = target_logit.f32();
+#pragma omp parallel for schedule(static) if (s.rows * s.real > (1 << 15))
+  for (int64_t n = 0; n < s.rows; ++n) {
+    const float* row = lp + n * s.cols;
+    const float mx = mp[n];
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < s.real; ++c) sum += fast_exp(row[c] - mx);
+    sp[n] = sum;
+    const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
+    tlp[n] = (local >= 0 && local < s.real) ? row[local] : 0.f;
+  }
+}
+
+void CpuBackend::ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
+                             const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float grad_scale,
+                             Tensor& dlogits) {
+  const char* op = "ce_backward";
+  const VocabShard s = check_logits(logits, vocab_start, vocab_size, op);
+  check_row_vector(row_max, s.rows, op, "row_max");
+  check_row_vector(sum_exp, s.rows, op, "sum_exp");
+  require_numel(dlogits, logits.numel(), op, "dlogits", "logits' shape " + shape_str(logits.shape()));
+  const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
+  F32Input lf(logits, op, "logits");
+  F32Output df(dlogits, false, op, "dlogits");
+  const float *lp = lf.get(), *mp = row_max.f32(), *sp = sum_exp.f32();
+  float* dp = df.get();
+#pragma omp parallel for schedule(static) if (s.rows * s.cols > (1 << 15))
+  for (int64_t n = 0; n < s.rows; ++n) {
+    const float* row = lp + n * s.cols;
+    float* drow = dp + n * s.cols;
+    const float mx = mp[n];
+    const float coef = grad_scale / sp[n];  // grad_scale * softmax = coef * exp(logit - max)
+#pragma omp simd
+    for (int64_t c = 0; c < s.real; ++c) drow[c] = coef * fast_exp(row[c] - mx);
+    for (int64_t c = s.real; c < s.cols; ++c) drow[c] = 0.f;
+    const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
+    if (local >= 0 && local < s.real) drow[local] -= grad_scale;
+  }
+  df.commit();
+}
+
+}  // namespace gpt

@@ -1,0 +1,146 @@
+// Token and learned-position embeddings on the CPU. The token table may be one vocab-parallel shard: ids
+// outside [vocab_start, vocab_start + rows) produce zero rows (another rank holds them) and receive no
+// gradient. Gradient scatters are parallel over embedding columns, so repeated ids never race and the
+// summation order is fixed.
+#include <cstring>
+#include <vector>
+
+#include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_parallel.h"
+#include "model/ops/cpu/cpu_tensor_access.h"
+
+namespace gpt {
+
+using namespace cpu;
+
+namespace {
+
+void require_ids(const Tensor& ids, const char* op) {
+  require_dtype(ids, DType::I32, op, "ids");
+}
+
+void require_table(const Tensor& table, const char* op, const char* arg) {
+  require_float(table, op, arg);
+  require(table.ndim() == 2, op, std::string(arg) + " must be [rows, C], got " + describe(table));
+}
+
+// B for an activation [B*T, C], after checking that it is whole sequences of T rows.
+int64_t sequences(const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg) {
+  require(T > 0 && C > 0 && act.numel() % (T * C) == 0, op,
+          std::string(arg) + " " + describe(act) + " is not a whole number of sequences of T=" + std::to_string(T) +
+              " rows of width " + std::to_string(C));
+  return act.numel() / (T * C);
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) {
+  const char* op = "embedding_forward";
+  require_ids(ids, op);
+  require_table(table, op, "table");
+  require_float(out, op, "out");
+  const int64_t N = ids.numel(), rows = table.dim(0), C = table.dim(1);
+  require_numel(out, N * C, op, "out", "[" + std::to_string(N) + ", " + std::to_string(C) + "]");
+  const int32_t* idp = ids.i32();
+  for (int64_t n = 0; n < N; ++n)
+    require(idp[n] >= 0, op, "negative token id " + std::to_string(idp[n]) + " at position " + std::to_string(n));
+
+  const DType td = table.dtype(), od = out.dtype();
+  const size_t tsize = dtype_size(td), osize = dtype_size(od);
+  const char* tp = static_cast<const char*>(table.raw());
+  char* outp = static_cast<char*>(out.raw());
+#pragma omp parallel
+  {
+    std::vector<float> row;  // staging for a dtype change
+    if (td != od) row.resize(C);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t local = static_cast<int64_t>(idp[n]) - vocab_start;
+      char* dst = outp + n * C * osize;
+      if (local < 0 || local >= rows) {
+        std::memset(dst, 0, C * osize);  // all-zero bits are +0 in every float dtype
+      } else if (td == od) {
+        std::memcpy(dst, tp + local * C * tsize, C * tsize);
+      } else {
+        to_f32(tp + local * C * tsize, td, row.data(), C);
+        from_f32(row.data(), dst, od, C);
+      }
+    }
+  }
+}
+
+void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) {
+  const char* op = "embedding_backward";
+  require_ids(ids, op);
+  require_table(dtable, op, "dtable");
+  const int64_t N = ids.numel(), rows = dtable.dim(0), C = dtable.dim(1);
+  require_numel(dout, N * C, op, "dout", "[" + std::to_string(N) + ", " + std::to_string(C) + "]");
+  F32Input df(dout, op, "dout");
+  F32Output tf(dtable, true, op, "dtable");
+  const int32_t* idp = ids.i32();
+  const float* dp = df.get();
+  float* gp = tf.get();
+  const int nt = threads_for(N * C, 1 << 14);
+#pragma omp parallel num_threads(nt)
+  {
+    int64_t c0, c1;
+    chunk_range(C, omp_get_thread_num(), omp_get_num_threads(), c0, c1);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t local = static_cast<int64_t>(idp[n]) - vocab_start;
+      if (local < 0 || local >= rows) continue;
+      float* g = gp + local * C;
+      const float* d = dp + n * C;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
+    }
+  }
+  tf.commit();
+}
+
+void CpuBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
+  const char* op = "add_positions";
+  require_table(pos_table, op, "pos_table");
+  const int64_t C = pos_table.dim(1);
+  require(T <= pos_table.dim(0), op,
+          "sequence length " + std::to_string(T) + " exceeds the position table " + describe(pos_table));
+  require_float(out, op, "out");
+  const int64_t B = sequences(out, T, C, op, "out");
+  F32Input pf(pos_table, op, "pos_table");
+  F32Output of(out, true, op, "out");
+  const float* pp = pf.get();
+  float* o = of.get();
+#pragma omp parallel for schedule(static) if (B * T * C > (1 << 15))
+  for (int64_t r = 0; r < B * T; ++r) {
+    const float* p = pp + (r % T) * C;
+    float* row = o + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) row[c] += p[c];
+  }
+  of.commit();
+}
+
+void CpuBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
+  const char* op = "add_positions_backward";
+  require_table(dpos, op, "dpos");
+  const int64_t C = dpos.dim(1);
+  require(T <= dpos.dim(0), op, "sequence length " + std::to_string(T) + " exceeds the position table " + describe(dpos));
+  require_float(dout, op, "dout");
+  const int64_t B = sequences(dout, T, C, op, "dout");
+  F32Input df(dout, op, "dout");
+  F32Output pf(dpos, true, op, "dpos");
+  const float* d = df.get();
+  float* p = pf.get();
+  // Each position row is owned by one thread, which sums the B sequences in order.
+#pragma omp parallel for schedule(static) if (B * T * C > (1 << 15))
+  for (int64_t t = 0; t < T; ++t) {
+    float* prow = p + t * C;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* drow = d + (b * T + t) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) prow[c] += drow[c];
+    }
+  }
+  pf.commit();
+}
+
+}  // namespace gpt

@@ -1,0 +1,131 @@
+// LayerNorm over the last dimension on the CPU, one row per loop iteration. The backward pass uses the
+// standard closed form dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; gamma and
+// beta gradients are summed per thread over a fixed block of rows and the partial sums are then added in
+// thread order, which keeps the result reproducible.
+#include <cmath>
+#include <vector>
+
+#include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_parallel.h"
+#include "model/ops/cpu/cpu_tensor_access.h"
+
+namespace gpt {
+
+using namespace cpu;
+
+namespace {
+
+// Rows of width C in x, after checking that x ends in C.
+int64_t layernorm_rows(const Tensor& x, int64_t C, const char* op) {
+  require_float(x, op, "x");
+  require(C > 0 && x.ndim() >= 1 && x.dim(-1) == C, op,
+          "x " + describe(x) + " does not end in the normalised width " + std::to_string(C));
+  return x.numel() / C;
+}
+
+}  // namespace
+
+void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
+                                   Tensor& mean, Tensor& rstd, float eps) {
+  const char* op = "layernorm_forward";
+  const int64_t C = gamma.numel();
+  const int64_t N = layernorm_rows(x, C, op);
+  require_numel(beta, C, op, "beta", "gamma's shape");
+  require_numel(y, N * C, op, "y", "x's shape " + shape_str(x.shape()));
+  require_dtype(mean, DType::F32, op, "mean");
+  require_dtype(rstd, DType::F32, op, "rstd");
+  require_numel(mean, N, op, "mean", "one value per row");
+  require_numel(rstd, N, op, "rstd", "one value per row");
+  F32Input xf(x, op, "x"), gf(gamma, op, "gamma"), bf(beta, op, "beta");
+  F32Output yf(y, false, op, "y");
+  const float *xp = xf.get(), *gp = gf.get(), *bp = bf.get();
+  float *yp = yf.get(), *mp = mean.f32(), *rp = rstd.f32();
+
+#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = xp + n * C;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < C; ++c) sum += xr[c];
+    const float mu = sum / C;
+    float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t c = 0; c < C; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
+    const float rs = 1.f / std::sqrt(sq / C + eps);
+    float* yr = yp + n * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - mu) * rs * gp[c] + bp[c];
+    mp[n] = mu;
+    rp[n] = rs;
+  }
+  yf.commit();
+}
+
+void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                    const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const char* op = "layernorm_backward";
+  const int64_t C = gamma.numel();
+  const int64_t N = layernorm_rows(x, C, op);
+  require_numel(dy, N * C, op, "dy", "x's shape " + shape_str(x.shape()));
+  require_numel(dx, N * C, op, "dx", "x's shape " + shape_str(x.shape()));
+  require_dtype(mean, DType::F32, op, "mean");
+  require_dtype(rstd, DType::F32, op, "rstd");
+  require_numel(mean, N, op, "mean", "one value per row");
+  require_numel(rstd, N, op, "rstd", "one value per row");
+  require_numel(dgamma, C, op, "dgamma", "gamma's shape");
+  require_numel(dbeta, C, op, "dbeta", "gamma's shape");
+  F32Input dyf(dy, op, "dy"), xf(x, op, "x"), gf(gamma, op, "gamma");
+  F32Output dxf(dx, false, op, "dx"), dgf(dgamma, true, op, "dgamma"), dbf(dbeta, true, op, "dbeta");
+  const float *dyp = dyf.get(), *xp = xf.get(), *gp = gf.get(), *mp = mean.f32(), *rp = rstd.f32();
+  float* dxp = dxf.get();
+
+  const int nt = threads_for(N * C, 1 << 14);
+  // Per-thread partial sums: [thread][0..C) for dgamma, [thread][C..2C) for dbeta.
+  std::vector<float> partial(static_cast<size_t>(nt) * 2 * C, 0.f);
+  int used = 1;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+#pragma omp single
+    used = omp_get_num_threads();
+    int64_t r0, r1;
+    chunk_range(N, t, omp_get_num_threads(), r0, r1);
+    float* pg = partial.data() + static_cast<size_t>(t) * 2 * C;
+    float* pb = pg + C;
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* xr = xp + n * C;
+      const float* dyr = dyp + n * C;
+      const float mu = mp[n], rs = rp[n];
+      float sum_g = 0.f, sum_gx = 0.f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - mu) * rs;
+        const float g = dyr[c] * gp[c];
+        sum_g += g;
+        sum_gx += g * xhat;
+      }
+      const float mean_g = sum_g / C, mean_gx = sum_gx / C;
+      float* dxr = dxp + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - mu) * rs;
+        dxr[c] = rs * (dyr[c] * gp[c] - mean_g - xhat * mean_gx);
+        pg[c] += dyr[c] * xhat;
+        pb[c] += dyr[c];
+      }
+    }
+  }
+  float *dgp = dgf.get(), *dbp = dbf.get();
+  for (int t = 0; t < used; ++t) {
+    const float* pg = partial.data() + static_cast<size_t>(t) * 2 * C;
+    for (int64_t c = 0; c < C; ++c) {
+      dgp[c] += pg[c];
+      dbp[c] += pg[C + c];
+    }
+  }
+  dxf.commit();
+  dgf.commit();
+  dbf.commit();
+}
+
+}  // namespace gpt
