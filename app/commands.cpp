@@ -112,8 +112,6 @@ int run_distributed_command(const ParsedArgs& args) {
     spdlog::info("effective config (from {}):\n{}", cfg.source, dump_config(cfg));
     spdlog::info("layout:\n{}", describe_layout(layout, launch.hosts));
   }
-  for (const auto& w : layout_warnings(layout, launch.hosts))
-    if (rank == 0) spdlog::warn("{}", w);
 
   Trainer trainer(cfg, ps, *backend);
   if (args.command == "train") {

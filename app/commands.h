@@ -13,7 +13,6 @@ struct StartupError : std::runtime_error {
 
 int schedule_main(const ParsedArgs& args);  // print pipeline schedule tables (no MPI)
 int config_main(const ParsedArgs& args);    // --dump the effective config (no MPI)
-int prep_command(const ParsedArgs& args);   // tokenize text into HDF5 shards (no MPI)
 // train and eval, under MPI_Init.
 int run_distributed_command(const ParsedArgs& args);
 

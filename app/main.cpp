@@ -12,6 +12,7 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/config.h"
+#include "app/prep.h"
 
 namespace {
 
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   // Subcommands that need no MPI run before MPI_Init so they work without a launcher.
   if (args.command == "schedule") return gpt::schedule_main(args);
   if (args.command == "config") return gpt::config_main(args);
-  if (args.command == "prep") return gpt::prep_command(args);
+  if (args.command == "prep") return gpt::prep_main(std::vector<std::string>(argv + 2, argv + argc));
 
   MPI_Init(&argc, &argv);
   const int rank = world_rank();

@@ -21,12 +21,12 @@ struct StepIo {
   const BatchLoader& loader;
   Backend& backend;
   int64_t consumed;
+  bool needs_data;
   std::map<int, Microbatch> batches;
   std::vector<std::unique_ptr<PendingSend>> sends;
   std::vector<Tensor> send_buffers;
 
-  // Tokens are read on the chunks that need them (first and last virtual stage); others only need shapes.
-  const Microbatch& batch(int mb, bool needs_data) {
+  const Microbatch& batch(int mb) {
     auto it = batches.find(mb);
     if (it != batches.end()) return it->second;
     Microbatch b;
@@ -59,14 +59,16 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
   const int p = ps.pp_size(), v = static_cast<int>(chunks.size());
   const int m = static_cast<int>(loader.microbatches_per_rank());
   const int stages = p * v;
-  StepIo io{ps, loader, ctx.backend, consumed, {}, {}, {}};
+  // Tokens are read on ranks holding the first or last virtual stage; others only need the shapes.
+  bool needs_data = false;
+  for (ModelChunk* c : chunks) needs_data = needs_data || c->is_first() || c->is_last();
+  StepIo io{ps, loader, ctx.backend, consumed, needs_data, {}, {}, {}};
   double loss_sum = 0;
   PipelineSchedule table = schedule(p, v, m, ps.pp_rank());
   for (const PipelineAction& a : table.actions) {
     if (!training && a.kind == PassKind::Backward) continue;
     ModelChunk& chunk = *chunks[a.chunk];
-    const bool needs_data = chunk.is_first() || chunk.is_last();
-    const Microbatch& b = io.batch(a.microbatch, needs_data);
+    const Microbatch& b = io.batch(a.microbatch);
     const int64_t rows = rows_outside_tp_region(ctx, b.B * b.T);
     const int64_t hidden = chunk.hidden();
     Tensor input;

@@ -9,6 +9,7 @@ PACKAGES=(
   libopenblas-dev libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools
   libgtest-dev googletest
+  libsentencepiece-dev fortunes
   python3 python3-numpy python3-torch
 )
 

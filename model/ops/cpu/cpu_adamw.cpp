@@ -53,7 +53,7 @@ void CpuBackend::adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, fl
   float *wp = w.f32(), *mp = m.f32(), *vp = v.f32();
   const float* gp = g.f32();
   const int64_t n = w.numel();
-#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+#pragma omp parallel for simd schedule(static) if (parallel : n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) {
     const float gi = gp[i];
     const float mi = beta1 * mp[i] + (1.f - beta1) * gi;

@@ -1,8 +1,9 @@
 // Causal multi-head self-attention on the CPU, materialising the softmax in probs [B, H, T, T].
 // Q, K and V are read in place from the packed qkv rows (leading dimension 3*H*D), so no transposes are
 // copied. Work is cut into blocks of kBlock query rows: block i only needs keys 0..end(i), which skips
-// the masked upper triangle except for the diagonal blocks (about half the FLOPs at long T). Each
-// block's products are single-threaded sgemm calls issued from an OpenMP loop over (sequence, head).
+// the masked upper triangle except for the diagonal blocks (about half the FLOPs at long T). The products
+// are single-threaded sgemm calls issued from OpenMP loops: over (sequence, head, query block) forward,
+// where blocks are independent, and over (sequence, head) backward, where dK and dV need every block's dS.
 //
 // Backward, per (b, h) with P the softmax and S = scale * Q K^T:
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
@@ -83,7 +84,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int6
   SingleThreadedBlas blas_guard;
   // One task per (sequence, head, query block); blocks further down the sequence cost more, so hand them
   // out dynamically.
-#pragma omp parallel for schedule(dynamic, 1)
+  const bool threaded = B * H * T * T * D > (1 << 16);  // tiny problems are not worth waking threads for
+#pragma omp parallel for schedule(dynamic, 1) if (threaded)
   for (int64_t task = 0; task < B * H * nblk; ++task) {
     const int64_t bh = task / nblk, blk = task % nblk;
     const int64_t b = bh / H, h = bh % H;
@@ -116,7 +118,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
   SingleThreadedBlas blas_guard;
-#pragma omp parallel
+#pragma omp parallel if (B * H * T * T * D > (1 << 16))
   {
     // dP, turned into scale * dS in place; only the lower-triangle blocks are ever written or read.
     std::unique_ptr<float[]> ds(new float[T * T]);

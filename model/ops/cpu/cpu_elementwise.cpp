@@ -32,7 +32,7 @@ void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
   const float* xp = xf.get();
   float* yp = yf.get();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const float v = xp[i];
     const float t = fast_tanh(kGeluK * (v + kGeluC * v * v * v));
@@ -51,7 +51,7 @@ void CpuBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const float *xp = xf.get(), *dyp = dyf.get();
   float* dxp = dxf.get();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) {
     const float v = xp[i];
     const float t = fast_tanh(kGeluK * (v + kGeluC * v * v * v));
@@ -71,7 +71,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   const float *ap = af.get(), *bp = bf.get();
   float* op_ = of.get();
   const int64_t n = a.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) op_[i] = ap[i] + bp[i];
   of.commit();
 }
@@ -85,7 +85,7 @@ void CpuBackend::accumulate(const Tensor& src, Tensor& dst) {
   const float* sp = sf.get();
   float* dp = df.get();
   const int64_t n = src.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) dp[i] += sp[i];
   df.commit();
 }
@@ -94,7 +94,7 @@ void CpuBackend::scale(Tensor& t, float alpha) {
   F32Output tf(t, true, "scale", "t");
   float* p = tf.get();
   const int64_t n = t.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelElems)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
   for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
   tf.commit();
 }

@@ -40,7 +40,7 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64
   require_table(table, op, "table");
   require_float(out, op, "out");
   const int64_t N = ids.numel(), rows = table.dim(0), C = table.dim(1);
-  require_numel(out, N * C, op, "out", "[" + std::to_string(N) + ", " + std::to_string(C) + "]");
+  require_numel(out, N * C, op, "out", shape_str({N, C}));
   const int32_t* idp = ids.i32();
   for (int64_t n = 0; n < N; ++n)
     require(idp[n] >= 0, op, "negative token id " + std::to_string(idp[n]) + " at position " + std::to_string(n));
@@ -49,7 +49,7 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64
   const size_t tsize = dtype_size(td), osize = dtype_size(od);
   const char* tp = static_cast<const char*>(table.raw());
   char* outp = static_cast<char*>(out.raw());
-#pragma omp parallel
+#pragma omp parallel if (N * C > (1 << 15))
   {
     std::vector<float> row;  // staging for a dtype change
     if (td != od) row.resize(C);
@@ -74,7 +74,7 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64
   require_ids(ids, op);
   require_table(dtable, op, "dtable");
   const int64_t N = ids.numel(), rows = dtable.dim(0), C = dtable.dim(1);
-  require_numel(dout, N * C, op, "dout", "[" + std::to_string(N) + ", " + std::to_string(C) + "]");
+  require_numel(dout, N * C, op, "dout", shape_str({N, C}));
   F32Input df(dout, op, "dout");
   F32Output tf(dtable, true, op, "dtable");
   const int32_t* idp = ids.i32();

@@ -1,7 +1,9 @@
-// Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one cblas_sgemm on the
-// calling thread so OpenBLAS spreads it over its own threads. The bias is folded in by pre-filling y with
-// it and running the product with beta = 1; weight gradients accumulate the same way (beta = 1).
+// Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one parallel_sgemm
+// (OpenBLAS per thread slab, see cpu_parallel.h). The bias is folded in by pre-filling y with it and
+// running the product with beta = 1; weight gradients accumulate the same way (beta = 1).
 #include <cblas.h>
+
+#include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
 #include "model/ops/cpu/cpu_parallel.h"
@@ -32,13 +34,13 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const char* op = "linear_forward";
   const LinearDims d = linear_dims(x, w, op);
-  require_numel(y, d.rows * d.out, op, "y", "[" + std::to_string(d.rows) + ", " + std::to_string(d.out) + "]");
+  require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
   F32Input xf(x, op, "x"), wf(w, op, "w");
   F32Output yf(y, false, op, "y");
   float* yp = yf.get();
   float beta = 0.f;
   if (b) {
-    require_numel(*b, d.out, op, "b", "[" + std::to_string(d.out) + "]");
+    require_numel(*b, d.out, op, "b", shape_str({d.out}));
     F32Input bf(*b, op, "b");
     const float* bp = bf.get();
 #pragma omp parallel for schedule(static) if (d.rows * d.out > (1 << 16))
@@ -50,7 +52,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   }
   if (d.rows > 0 && d.out > 0) {
     if (d.in > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, d.rows, d.out, d.in, 1.f, xf.get(), d.in, wf.get(), d.in,
+      parallel_sgemm(CblasNoTrans, CblasTrans, d.rows, d.out, d.in, 1.f, xf.get(), d.in, wf.get(), d.in,
                   beta, yp, d.out);
     } else if (!b) {
       for (int64_t i = 0; i < d.rows * d.out; ++i) yp[i] = 0.f;  // empty sum
@@ -63,7 +65,7 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
                                  Tensor* db) {
   const char* op = "linear_backward";
   const LinearDims d = linear_dims(x, w, op);
-  const std::string out_shape = "[" + std::to_string(d.rows) + ", " + std::to_string(d.out) + "]";
+  const std::string out_shape = shape_str({d.rows, d.out});
   require_numel(dy, d.rows * d.out, op, "dy", out_shape);
   require_numel(dw, d.out * d.in, op, "dw", "w's shape " + shape_str(w.shape()));
   F32Input dyf(dy, op, "dy"), xf(x, op, "x");
@@ -75,7 +77,7 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
     F32Input wf(w, op, "w");
     F32Output dxf(*dx, false, op, "dx");
     if (work) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d.rows, d.in, d.out, 1.f, dyp, d.out, wf.get(), d.in,
+      parallel_sgemm(CblasNoTrans, CblasNoTrans, d.rows, d.in, d.out, 1.f, dyp, d.out, wf.get(), d.in,
                   0.f, dxf.get(), d.in);
     } else {
       for (int64_t i = 0; i < d.rows * d.in; ++i) dxf.get()[i] = 0.f;
@@ -85,26 +87,29 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
 
   F32Output dwf(dw, true, op, "dw");
   if (work) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d.out, d.in, d.rows, 1.f, dyp, d.out, xf.get(), d.in, 1.f,
+    parallel_sgemm(CblasTrans, CblasNoTrans, d.out, d.in, d.rows, 1.f, dyp, d.out, xf.get(), d.in, 1.f,
                 dwf.get(), d.in);
   }
   dwf.commit();
 
   if (db) {
-    require_numel(*db, d.out, op, "db", "[" + std::to_string(d.out) + "]");
+    require_numel(*db, d.out, op, "db", shape_str({d.out}));
     F32Output dbf(*db, true, op, "db");
     float* dbp = dbf.get();
-    // Each thread owns a range of columns and walks every row, so no two threads touch the same sum.
+    // Each thread owns a range of columns and walks every row, so no two threads touch the same sum. The
+    // microbatch's column sums are formed first and then added to db, like the beta = 1 products above.
     const int nt = threads_for(d.rows * d.out, 1 << 15);
 #pragma omp parallel num_threads(nt)
     {
       int64_t c0, c1;
       chunk_range(d.out, omp_get_thread_num(), omp_get_num_threads(), c0, c1);
+      std::vector<float> sums(c1 - c0, 0.f);
       for (int64_t n = 0; n < d.rows; ++n) {
         const float* row = dyp + n * d.out;
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) dbp[c] += row[c];
+        for (int64_t c = c0; c < c1; ++c) sums[c - c0] += row[c];
       }
+      for (int64_t c = c0; c < c1; ++c) dbp[c] += sums[c - c0];
     }
     dbf.commit();
   }

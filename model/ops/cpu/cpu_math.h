@@ -18,7 +18,9 @@ inline float fast_exp(float x) {
   xc = xc > kHi ? kHi : xc;
   xc = x != x ? 0.0f : xc;
   // exp(x) = 2^n * exp(r), n = round(x / ln 2), r = x - n ln 2 split in two constants (Cody-Waite).
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  // Round to nearest by adding and removing 1.5 * 2^23 (std::floor does not vectorise here).
+  constexpr float kRound = 12582912.0f;
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
   const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

@@ -1,9 +1,10 @@
-// Threading helpers shared by the CPU kernels. Two thread pools live in the process: OpenMP (our loops)
-// and OpenBLAS's own pthreads (each sgemm). Large products call BLAS from the main thread and let it use
-// its threads; kernels that issue many small products from inside an OpenMP loop first pin BLAS to one
-// thread with SingleThreadedBlas so the two pools do not multiply. Reductions are split into fixed
-// contiguous chunks per thread and combined in thread order, so results do not change from run to run.
+// Threading helpers shared by the CPU kernels. All parallelism comes from the OpenMP pool: OpenBLAS (the
+// pthread build, with its own pool) is pinned to one thread around every call we make, and large products
+// are split into per-thread slabs by parallel_sgemm instead, so two pools never compete for the cores.
+// Reductions are split into fixed contiguous chunks per thread and combined in thread order, so results
+// do not change from run to run.
 #pragma once
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +23,11 @@ class SingleThreadedBlas {
  private:
   int saved_;
 };
+
+// Row-major C = alpha * op(A) . op(B) + beta * C, split over OpenMP threads along the larger of M and N;
+// each thread runs a single-threaded cblas_sgemm on its slab, so only the OpenMP pool is ever busy.
+void parallel_sgemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // Number of threads worth using for `n` units of work when each thread should get at least `grain`.
 inline int threads_for(int64_t n, int64_t grain) {

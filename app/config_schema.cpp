@@ -1,0 +1,160 @@
+// The config key table (see app/config_schema.h) and the look-ups on it: exact find, section test, the
+// closest key to a typo (edit distance, or the same leaf name in another section) and type names.
+#include "app/config_schema.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace gpt {
+
+// One row per key. The lambda is captureless, so it decays to the plain function pointer ConfigKey holds;
+// the pointer it returns carries the field's C++ type, so the table cannot disagree with the struct.
+#define GPT_KEY(section, name, help, ...) \
+  ConfigKey { #section "." #name, [](Config& c) -> ConfigField { return &c.section.name; }, help, {__VA_ARGS__} }
+#define GPT_TOP_KEY(name, help, ...) \
+  ConfigKey { #name, [](Config& c) -> ConfigField { return &c.name; }, help, {__VA_ARGS__} }
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = {
+      GPT_TOP_KEY(backend, "compute backend", "cpu", "cuda"),
+
+      GPT_KEY(model, num_layers, "transformer layers"),
+      GPT_KEY(model, hidden_size, "width of the residual stream"),
+      GPT_KEY(model, num_heads, "attention heads per layer"),
+      GPT_KEY(model, ffn_hidden_size, "MLP inner width; 0 = 4 * hidden_size"),
+      GPT_KEY(model, seq_length, "tokens per sample"),
+      GPT_KEY(model, vocab_size, "tokenizer vocabulary size (before padding)"),
+      GPT_KEY(model, make_vocab_size_divisible_by, "padded vocab is a multiple of this times parallel.tensor"),
+      GPT_KEY(model, layernorm_eps, "epsilon inside layer norm"),
+      GPT_KEY(model, init_std, "standard deviation of the normal weight initialisation"),
+
+      GPT_KEY(parallel, tensor, "tensor-parallel size"),
+      GPT_KEY(parallel, pipeline, "pipeline-parallel size (stages)"),
+      GPT_KEY(parallel, virtual_pipeline, "model chunks per pipeline stage (interleaved schedule when > 1)"),
+      GPT_KEY(parallel, data, "data-parallel size; 0 = world / (tensor * pipeline)"),
+      GPT_KEY(parallel, sequence_parallel, "shard layer norm / dropout activations over the tensor group"),
+      GPT_KEY(parallel, distributed_optimizer, "shard optimizer state over the data-parallel group"),
+      GPT_KEY(parallel, bucket_size_mb, "gradient all-reduce bucket size in MiB"),
+
+      GPT_KEY(training, micro_batch_size, "samples per microbatch per data-parallel rank"),
+      GPT_KEY(training, global_batch_size, "samples per optimizer step over all data-parallel ranks"),
+      GPT_KEY(training, train_iters, "optimizer steps to run"),
+      GPT_KEY(training, seed, "seed for weight initialisation and data order"),
+      GPT_KEY(training, recompute, "activation recomputation", "none", "selective", "full"),
+      GPT_KEY(training, threads, "CPU threads per rank; 0 = OpenMP default"),
+
+      GPT_KEY(optimizer, lr, "peak learning rate"),
+      GPT_KEY(optimizer, min_lr, "learning rate at the end of cosine decay"),
+      GPT_KEY(optimizer, warmup_iters, "linear warm-up steps"),
+      GPT_KEY(optimizer, decay_iters, "steps of cosine decay; 0 = training.train_iters"),
+      GPT_KEY(optimizer, weight_decay, "AdamW decoupled weight decay"),
+      GPT_KEY(optimizer, beta1, "AdamW first-moment decay"),
+      GPT_KEY(optimizer, beta2, "AdamW second-moment decay"),
+      GPT_KEY(optimizer, eps, "AdamW denominator epsilon"),
+      GPT_KEY(optimizer, clip_grad, "global gradient-norm clip; 0 disables clipping"),
+
+      GPT_KEY(precision, dtype, "compute dtype (master weights stay fp32)", "fp32", "bf16", "fp16"),
+
+      GPT_KEY(data, train, "training token shards (paths or prefixes); empty = synthetic data"),
+      GPT_KEY(data, valid, "validation token shards; empty = split off the training data"),
+      GPT_KEY(data, split, "train,valid,test weights for splitting the training data"),
+      GPT_KEY(data, tokenizer, "tokenizer name"),
+      GPT_KEY(data, synthetic, "synthetic data kind when data.train is empty", "random", "pattern"),
+
+      GPT_KEY(checkpoint, dir, "directory checkpoints are saved in; empty = no saving"),
+      GPT_KEY(checkpoint, save_interval, "save every this many steps; 0 = no periodic saves"),
+      GPT_KEY(checkpoint, keep_last, "saved iterations to keep; 0 = keep all"),
+      GPT_KEY(checkpoint, load, "checkpoint directory to resume from; empty = start fresh"),
+
+      GPT_KEY(eval, interval, "evaluate every this many steps; 0 = never"),
+      GPT_KEY(eval, iters, "batches per evaluation"),
+
+      GPT_KEY(logging, interval, "log every this many steps"),
+      GPT_KEY(logging, metrics_file, "JSON-lines metrics file; empty = none"),
+      GPT_KEY(logging, level, "log level", "trace", "debug", "info", "warn", "error", "critical", "off"),
+      GPT_KEY(logging, all_ranks, "every rank logs, not only rank 0"),
+      GPT_KEY(logging, peak_tflops, "peak TFLOP/s per device for MFU; 0 = MFU not reported"),
+  };
+  return keys;
+}
+
+#undef GPT_KEY
+#undef GPT_TOP_KEY
+
+const ConfigKey* find_config_key(std::string_view path) {
+  for (const ConfigKey& key : config_keys()) {
+    if (path == key.path) return &key;
+  }
+  return nullptr;
+}
+
+bool is_config_section(std::string_view name) {
+  for (const ConfigKey& key : config_keys()) {
+    std::string_view p = key.path;
+    if (p.size() > name.size() && p.substr(0, name.size()) == name && p[name.size()] == '.') return true;
+  }
+  return false;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+namespace {
+
+std::string_view leaf_name(std::string_view path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string_view::npos ? path : path.substr(dot + 1);
+}
+
+}  // namespace
+
+std::string closest_config_key(std::string_view path) {
+  // Candidates: every key and every section name (a misspelt section has no dot).
+  std::vector<std::string> candidates;
+  for (const ConfigKey& key : config_keys()) {
+    std::string p = key.path;
+    candidates.push_back(p);
+    size_t dot = p.find('.');
+    if (dot != std::string::npos) candidates.push_back(p.substr(0, dot));
+  }
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& candidate : candidates) {
+    size_t d = edit_distance(path, candidate);
+    // The right leaf under the wrong section ("training.lr") is as good as a one-letter typo.
+    if (path.find('.') != std::string_view::npos && candidate.find('.') != std::string::npos &&
+        leaf_name(path) == leaf_name(candidate))
+      d = std::min<size_t>(d, 1);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  size_t tolerance = std::max<size_t>(2, path.size() / 4);
+  return best_distance <= tolerance ? best : std::string();
+}
+
+const char* config_type_name(const ConfigField& field) {
+  struct Namer {
+    const char* operator()(int64_t*) const { return "int"; }
+    const char* operator()(double*) const { return "float"; }
+    const char* operator()(bool*) const { return "bool"; }
+    const char* operator()(std::string*) const { return "string"; }
+    const char* operator()(std::vector<std::string>*) const { return "list of strings"; }
+  };
+  return std::visit(Namer{}, field);
+}
+
+}  // namespace gpt

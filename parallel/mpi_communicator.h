@@ -1,0 +1,117 @@
+// MpiCommunicator: the Communicator interface over one MPI communicator, for host (CPU) tensors. It owns
+// its MPI_Comm (made by duplicating or splitting a parent, freed on destruction) and sets MPI_ERRORS_RETURN
+// on it, so an MPI failure becomes a std::runtime_error naming the operation, the group, the rank and MPI's
+// own error string instead of aborting the job. Reductions are F32 only; data movement (all_gather,
+// broadcast, send/recv) moves raw bytes and so takes any dtype (F32, BF16, F16, I32). Besides the blocking
+// point-to-point ops it offers non-blocking isend/irecv and a batched `exchange` that posts a set of sends
+// and receives together and waits for all of them: a pipeline stage that sends to its neighbour while
+// receiving from it cannot deadlock that way.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace gpt {
+
+class MpiCommunicator;
+
+// A pending non-blocking send or receive. Move-only; it keeps the tensor's storage alive until completed.
+// Destroying a pending request waits for it, so a buffer can never be freed while MPI still uses it. A
+// request must be completed before the communicator that made it is destroyed.
+class MpiRequest {
+ public:
+  MpiRequest() = default;
+  MpiRequest(MpiRequest&& other) noexcept;
+  MpiRequest& operator=(MpiRequest&& other) noexcept;
+  MpiRequest(const MpiRequest&) = delete;
+  MpiRequest& operator=(const MpiRequest&) = delete;
+  ~MpiRequest();
+
+  bool pending() const { return !requests_.empty(); }
+
+ private:
+  friend class MpiCommunicator;
+  MpiCommunicator* comm_ = nullptr;
+  std::vector<MPI_Request> requests_;  // one per chunk: messages over 1 GiB travel in pieces
+  Tensor buffer_;
+  bool is_recv_ = false;
+  int peer_ = -1;
+  int tag_ = 0;
+};
+
+// One half of a point-to-point transfer for `exchange`.
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  Tensor tensor;  // for Recv: the destination, already shaped
+  int peer = 0;   // rank in the communicator
+  int tag = 0;
+  static P2POp send(const Tensor& t, int peer, int tag) { return {Kind::Send, t, peer, tag}; }
+  static P2POp recv(const Tensor& t, int peer, int tag) { return {Kind::Recv, t, peer, tag}; }
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // A private duplicate of `parent` (collective over parent).
+  static std::unique_ptr<MpiCommunicator> dup(MPI_Comm parent, std::string name);
+  // Collective over parent: ranks passing the same color form one group, ordered by key. Ranks passing a
+  // negative color get nullptr (they belong to no group).
+  static std::unique_ptr<MpiCommunicator> split(MPI_Comm parent, int color, int key, std::string name);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  MPI_Comm handle() const { return comm_; }
+  // This rank's rank in MPI_COMM_WORLD (for error messages and layout checks).
+  int world_rank() const { return world_rank_; }
+
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) override;
+  void all_reduce_host(double* data, int64_t count, ReduceOp op = ReduceOp::Sum) override;
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void reduce_scatter(const Tensor& in, Tensor& out) override;
+  void broadcast(Tensor& t, int root) override;
+  // Blocking; peer must not be this rank (a blocking send to oneself may never return).
+  void send(const Tensor& t, int peer, int tag) override;
+  // Blocking; throws if the message that arrives is not exactly t.bytes() long.
+  void recv(Tensor& t, int peer, int tag) override;
+  void barrier() override;
+
+  // Communicator::send_async over isend: the returned handle waits for the request.
+  std::unique_ptr<PendingSend> send_async(const Tensor& t, int peer, int tag) override;
+  MpiRequest isend(const Tensor& t, int peer, int tag);
+  MpiRequest irecv(Tensor& t, int peer, int tag);
+  void wait(MpiRequest& request);
+  void wait_all(std::vector<MpiRequest>& requests);
+  // Posts every receive, then every send, then waits for all. Sends to and receives from this rank itself
+  // are allowed (they match each other by tag).
+  void exchange(const std::vector<P2POp>& ops);
+
+ private:
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  void check(int rc, const char* op) const;
+  void check_tensor(const Tensor& t, const char* op) const;
+  void check_peer(int peer, int tag, const char* op, bool allow_self) const;
+  void post(MpiRequest& request, const Tensor& t, bool is_recv, int peer, int tag, const char* op);
+  void complete(MpiRequest* const* requests, size_t n);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0;
+  int size_ = 1;
+  int world_rank_ = 0;
+  int tag_ub_ = 32767;  // the MPI standard's guaranteed minimum; replaced by MPI_TAG_UB
+};
+
+// Batched point-to-point on any communicator: MpiCommunicator posts the whole batch at once; a group of one
+// (SelfCommunicator) matches each send to peer 0 with the receive of the same tag and copies. Other
+// backends are rejected rather than run sequentially, which could deadlock.
+void exchange(Communicator& comm, const std::vector<P2POp>& ops);
+
+}  // namespace gpt
