@@ -1,0 +1,331 @@
+// Parallel, order-preserving tokenization into shards (see prep_pipeline.h). The reader (calling thread)
+// cuts the input into batches of documents; workers tokenize batches; the writer thread takes batches
+// back strictly in input order, so the output is identical for any number of workers. A bound on
+// batches in flight keeps memory flat however large the input is.
+#include "data/prep_pipeline.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "data/document_reader.h"
+#include "data/shard_set.h"
+#include "data/token_shard.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Batch {
+  int64_t seq = 0;
+  std::vector<std::string> docs;
+  int64_t bytes_in = 0;  // input bytes consumed up to the end of this batch
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> lengths;
+};
+
+// Text for the SentencePiece trainer: documents cut at newlines into pieces of at most 4 KiB.
+std::vector<std::string> training_sentences(const PrepOptions& opt) {
+  DocumentReader reader(expand_inputs(opt.inputs), {opt.doc_separator, opt.json_key});
+  std::vector<std::string> out;
+  int64_t total = 0;
+  std::string doc;
+  while (total < opt.spm_train_bytes && reader.next(doc)) {
+    size_t pos = 0;
+    while (pos < doc.size()) {
+      size_t end = std::min(doc.size(), pos + 4096);
+      if (end < doc.size()) {
+        size_t nl = doc.rfind('\n', end - 1);
+        if (nl != std::string::npos && nl >= pos) end = nl + 1;
+      }
+      out.push_back(doc.substr(pos, end - pos));
+      total += int64_t(end - pos);
+      pos = end;
+    }
+  }
+  return out;
+}
+
+class ShardWriter {
+ public:
+  ShardWriter(const PrepOptions& opt, const Tokenizer& tok, int64_t shard_tokens)
+      : opt_(opt), shard_tokens_(shard_tokens), counts_(size_t(tok.vocab_size()), 0) {
+    meta_.vocab_size = tok.vocab_size();
+    meta_.eod_id = tok.eod_id();
+    meta_.tokenizer = tok.name();
+    meta_.tokenizer_hash = tok.hash();
+    offsets_.push_back(0);
+  }
+
+  void add(const Batch& b) {
+    size_t pos = 0;
+    for (int64_t len : b.lengths) {
+      for (int64_t k = 0; k < len; ++k) {
+        uint32_t id = uint32_t(b.tokens[pos + k]);
+        tokens_.push_back(id);
+        ++counts_[id];
+      }
+      pos += size_t(len);
+      offsets_.push_back(tokens_.size());
+      ++docs_;
+      if (int64_t(tokens_.size()) >= shard_tokens_) flush();
+    }
+    total_tokens_ += int64_t(b.tokens.size());
+  }
+
+  void flush() {
+    if (tokens_.empty()) return;
+    std::string path = shard_file_name(opt_.output_prefix, int64_t(index_.shards.size()));
+    write_token_shard(path, tokens_, offsets_, meta_);
+    index_.shards.push_back({fs::path(path).filename().string(), int64_t(offsets_.size() - 1), int64_t(tokens_.size())});
+    paths_.push_back(path);
+    tokens_.clear();
+    offsets_.assign(1, 0);
+  }
+
+  ShardIndex finish() {
+    flush();
+    index_.tokenizer = meta_.tokenizer;
+    index_.tokenizer_hash = meta_.tokenizer_hash;
+    index_.vocab_size = meta_.vocab_size;
+    index_.eod_id = meta_.eod_id;
+    index_.num_docs = docs_;
+    index_.num_tokens = total_tokens_;
+    double h = 0;
+    for (uint64_t c : counts_)
+      if (c) {
+        double p = double(c) / double(total_tokens_);
+        h -= p * std::log(p);
+      }
+    index_.unigram_perplexity = std::exp(h);
+    return index_;
+  }
+
+  int64_t docs() const { return docs_; }
+  int64_t tokens() const { return total_tokens_; }
+  const std::vector<std::string>& paths() const { return paths_; }
+
+ private:
+  const PrepOptions& opt_;
+  int64_t shard_tokens_;
+  ShardMeta meta_;
+  std::vector<uint32_t> tokens_;
+  std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> counts_;
+  int64_t docs_ = 0, total_tokens_ = 0;
+  ShardIndex index_;
+  std::vector<std::string> paths_;
+};
+
+// Shards P_NNNNN.h5 left from an earlier run beyond the ones this run wrote.
+void remove_stale_shards(const std::string& prefix, size_t written) {
+  fs::path p(prefix);
+  fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string base = p.filename().string();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.size() != base.size() + 9 || name.compare(0, base.size(), base) != 0 || name[base.size()] != '_' ||
+        name.compare(name.size() - 3, 3, ".h5") != 0)
+      continue;
+    std::string digits = name.substr(base.size() + 1, 5);
+    if (!std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    if (size_t(std::stoll(digits)) >= written) fs::remove(e.path(), ec);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* train_seconds,
+                                               std::string* trained_model) {
+  if (opt.tokenizer == "bytes") return make_byte_tokenizer();
+  if (opt.tokenizer == "gpt2") {
+    if (opt.vocab_file.empty() || opt.merges_file.empty())
+      throw std::runtime_error("--tokenizer gpt2 needs --vocab-file vocab.json and --merges-file merges.txt");
+    return make_gpt2_tokenizer(opt.vocab_file, opt.merges_file);
+  }
+  if (opt.tokenizer == "spm") {
+    if (!opt.vocab_file.empty()) return make_spm_tokenizer(opt.vocab_file);
+    if (opt.vocab_size <= 0)
+      throw std::runtime_error("--tokenizer spm needs --vocab-size N to train a model on the input (or --vocab-file M.model)");
+    auto t0 = std::chrono::steady_clock::now();
+    std::string model = opt.output_prefix + ".spm.model";
+    int threads = opt.workers > 0 ? opt.workers : int(std::max(1u, std::thread::hardware_concurrency()));
+    train_spm_model(training_sentences(opt), opt.vocab_size, threads, model);
+    if (train_seconds) *train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (trained_model) *trained_model = model;
+    return make_spm_tokenizer(model);
+  }
+  throw std::runtime_error("--tokenizer '" + opt.tokenizer + "' is not one of bytes, gpt2, spm");
+}
+
+PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepProgress&)>& progress) {
+  if (opt.output_prefix.empty()) throw std::runtime_error("--output-prefix is required");
+  std::vector<std::string> files = expand_inputs(opt.inputs);
+  fs::path out_dir = fs::path(opt.output_prefix).parent_path();
+  std::error_code ec;
+  if (!out_dir.empty()) fs::create_directories(out_dir, ec);
+  fs::remove(shard_index_path(opt.output_prefix), ec);  // the old index would describe shards we overwrite
+
+  PrepResult result;
+  auto tokenizer = make_prep_tokenizer(opt, &result.train_seconds, &result.tokenizer_model);
+  const Tokenizer& tok = *tokenizer;
+  const int64_t token_bytes = tok.vocab_size() <= 65535 ? 2 : 4;
+  const int64_t shard_tokens =
+      opt.shard_tokens > 0 ? opt.shard_tokens : std::max<int64_t>(1, int64_t(opt.shard_mb * 1048576.0) / token_bytes);
+  const int workers = opt.workers > 0 ? opt.workers : int(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t max_in_flight = size_t(4 * workers);
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Batch>> todo;
+  std::map<int64_t, std::unique_ptr<Batch>> done;
+  int64_t next_seq = 0, written_seq = 0;
+  bool input_finished = false;
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto fail = [&](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(m);
+    if (!error) error = e;
+    failed = true;
+    cv.notify_all();
+  };
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w)
+    pool.emplace_back([&] {
+      try {
+        while (true) {
+          std::unique_ptr<Batch> b;
+          {
+            std::unique_lock<std::mutex> lock(m);
+            cv.wait(lock, [&] { return failed || !todo.empty() || input_finished; });
+            if (failed || (todo.empty() && input_finished)) return;
+            b = std::move(todo.front());
+            todo.pop_front();
+          }
+          for (const auto& d : b->docs) {
+            size_t before = b->tokens.size();
+            tok.encode(d, b->tokens);
+            b->tokens.push_back(int32_t(tok.eod_id()));
+            b->lengths.push_back(int64_t(b->tokens.size() - before));
+          }
+          b->docs.clear();
+          b->docs.shrink_to_fit();
+          std::lock_guard<std::mutex> lock(m);
+          done.emplace(b->seq, std::move(b));
+          cv.notify_all();
+        }
+      } catch (...) {
+        fail(std::current_exception());
+      }
+    });
+
+  ShardWriter writer(opt, tok, shard_tokens);
+  ShardIndex index;
+  std::thread writer_thread([&] {
+    try {
+      double last_report = 0;
+      int64_t bytes_in = 0;
+      while (true) {
+        std::unique_ptr<Batch> b;
+        {
+          std::unique_lock<std::mutex> lock(m);
+          cv.wait(lock, [&] { return failed || done.count(written_seq) || (input_finished && written_seq == next_seq); });
+          if (failed) return;
+          if (!done.count(written_seq)) break;  // everything written
+          b = std::move(done[written_seq]);
+          done.erase(written_seq);
+        }
+        writer.add(*b);
+        bytes_in = b->bytes_in;
+        {
+          std::lock_guard<std::mutex> lock(m);
+          ++written_seq;
+          cv.notify_all();
+        }
+        if (progress && elapsed() - last_report >= 0.25) {
+          last_report = elapsed();
+          progress({writer.docs(), writer.tokens(), bytes_in, last_report, false});
+        }
+      }
+      index = writer.finish();
+      result.bytes_in = bytes_in;
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+
+  try {
+    DocumentReader reader(files, {opt.doc_separator, opt.json_key});
+    auto batch = std::make_unique<Batch>();
+    int64_t batch_bytes = 0;
+    auto submit = [&] {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return failed || size_t(next_seq - written_seq) < max_in_flight; });
+      if (failed) return false;
+      batch->seq = next_seq++;
+      batch->bytes_in = reader.bytes_read();
+      todo.push_back(std::move(batch));
+      cv.notify_all();
+      batch = std::make_unique<Batch>();
+      batch_bytes = 0;
+      return true;
+    };
+    std::string doc;
+    bool ok = true;
+    while (ok && !failed && reader.next(doc)) {
+      batch_bytes += int64_t(doc.size());
+      batch->docs.push_back(std::move(doc));
+      if (batch_bytes >= (256 << 10) || batch->docs.size() >= 1024) ok = submit();
+    }
+    if (ok && !failed && !batch->docs.empty()) submit();
+    result.skipped_empty = reader.skipped_empty();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  {
+    std::lock_guard<std::mutex> lock(m);
+    input_finished = true;
+    cv.notify_all();
+  }
+  for (auto& t : pool) t.join();
+  writer_thread.join();
+  if (error) {
+    // A shard being written when the failure hit leaves its .tmp behind.
+    fs::remove(shard_file_name(opt.output_prefix, int64_t(writer.paths().size())) + ".tmp", ec);
+    std::rethrow_exception(error);
+  }
+  if (writer.docs() == 0)
+    throw std::runtime_error("no documents found in the input (" + std::to_string(files.size()) + " files, " +
+                             std::to_string(result.skipped_empty) + " empty documents)");
+  write_shard_index(opt.output_prefix, index);
+  remove_stale_shards(opt.output_prefix, writer.paths().size());
+
+  result.seconds = elapsed();
+  result.docs = writer.docs();
+  result.tokens = writer.tokens();
+  result.unigram_perplexity = index.unigram_perplexity;
+  result.tokenizer = tok.name();
+  result.tokenizer_hash = tok.hash();
+  result.vocab_size = tok.vocab_size();
+  result.eod_id = tok.eod_id();
+  result.shards = writer.paths();
+  result.index = shard_index_path(opt.output_prefix);
+  if (progress) progress({result.docs, result.tokens, result.bytes_in, result.seconds, true});
+  return result;
+}
+
+}  // namespace gpt
