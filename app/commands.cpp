@@ -118,14 +118,15 @@ int run_distributed_command(const ParsedArgs& args) {
     trainer.train();
     return 0;
   }
+  // --iters 0 evaluates each split once through; the default is eval.iters batches.
   int64_t iters = args.get_int("iters", cfg.eval.iters);
-  auto source = make_synthetic_source(cfg.data.synthetic, cfg.model.seq_length, cfg.model.vocab_size,
-                                      static_cast<uint64_t>(cfg.training.seed) + 1);
-  double loss = trainer.evaluate(*source, iters);
-  if (rank == 0) {
-    spdlog::info("validation loss {:.6f} | perplexity {:.4f} | {} batches", loss, std::exp(loss), iters);
-    if (!cfg.logging.metrics_file.empty())
-      MetricsWriter(cfg.logging.metrics_file).write_eval(trainer.iteration(), "valid", loss, std::exp(loss));
+  trainer.evaluate_and_log("valid", iters);
+  if (!cfg.data.train.empty()) {
+    try {
+      trainer.evaluate_and_log("test", iters);
+    } catch (const std::runtime_error& e) {  // e.g. a split string that gives the test split no documents
+      if (rank == 0) spdlog::warn("test split not evaluated: {}", e.what());
+    }
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "app/logging.h"
 #include "app/metrics.h"
 #include "data/batch_loader.h"
+#include "data/shard_source.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grad_sync.h"
 #include "parallel/pipeline_executor.h"
@@ -61,15 +62,32 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
   optimizer_ = std::make_unique<DataParallelOptimizer>(ps_, backend_, chunks(), ac,
                                                        cfg.parallel.distributed_optimizer,
                                                        cfg.parallel.bucket_size_mb << 20);
+  if (spec_.dtype == DType::F16) scaler_ = LossScaler::dynamic_fp16();
   lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
                    cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters};
-  train_source_ = make_synthetic_source(cfg.data.synthetic, cfg.model.seq_length, cfg.model.vocab_size,
-                                        static_cast<uint64_t>(cfg.training.seed));
+  train_source_ = make_source("train");
   if (ps_.rank == 0 && !cfg.logging.metrics_file.empty())
     metrics_ = std::make_unique<MetricsWriter>(cfg.logging.metrics_file);
 }
 
 Trainer::~Trainer() = default;
+
+std::unique_ptr<SampleSource> Trainer::make_source(const std::string& split) const {
+  const uint64_t seed = static_cast<uint64_t>(cfg_.training.seed);
+  if (cfg_.data.train.empty() && cfg_.data.valid.empty()) {
+    // Synthetic: a different stream per split (the pattern is the same for all).
+    uint64_t offset = split == "train" ? 0 : split == "valid" ? 1 : 2;
+    return make_synthetic_source(cfg_.data.synthetic, cfg_.model.seq_length, cfg_.model.vocab_size, seed + offset);
+  }
+  if (split == "valid" && !cfg_.data.valid.empty())
+    return make_shard_source(cfg_.data.valid, "all", cfg_.data.split, cfg_.model.seq_length, seed, cfg_.data.tokenizer,
+                             cfg_.model.vocab_size);
+  if (cfg_.data.train.empty())
+    throw ConfigError("config " + cfg_.source + ": data.train is empty but data.valid is set; the " + split +
+                      " split needs data.train");
+  return make_shard_source(cfg_.data.train, split, cfg_.data.split, cfg_.model.seq_length, seed, cfg_.data.tokenizer,
+                           cfg_.model.vocab_size);
+}
 
 std::vector<ModelChunk*> Trainer::chunks() {
   std::vector<ModelChunk*> out;
@@ -84,19 +102,28 @@ StepStats Trainer::step() {
 
   BatchLoader loader(*train_source_, cfg_.model.seq_length, cfg_.training.micro_batch_size,
                      cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
-  const float grad_scale = 1.0f / float(cfg_.training.global_batch_size * cfg_.model.seq_length);
+  StepStats s;
+  s.loss_scale = scaler_.scale();
+  // The loss is the mean over every token of the global batch, times the loss scale.
+  const float grad_scale =
+      static_cast<float>(s.loss_scale / double(cfg_.training.global_batch_size * cfg_.model.seq_length));
   LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
   double local_loss = run_pipeline_step(ps_, ctx, chunk_list, loader, consumed_, grad_scale);
 
   reduce_tied_embedding(ps_, backend_, chunk_list);
   if (cfg_.parallel.sequence_parallel) reduce_sequence_parallel_grads(ps_, chunk_list);
   optimizer_->reduce_gradients();
-  StepStats s;
   s.iteration = ++iteration_;
-  s.grad_norm = optimizer_->grad_norm(num_global_params(spec_.num_layers));
-  optimizer_->clip(s.grad_norm, cfg_.optimizer.clip_grad);
+  s.grad_norm = optimizer_->grad_norm(num_global_params(spec_.num_layers)) / s.loss_scale;
   s.lr = lr_.at(iteration_);
-  optimizer_->step(static_cast<float>(s.lr));
+  // An Inf/NaN anywhere in the gradients shows in the norm, identically on every rank.
+  const bool overflow = !std::isfinite(s.grad_norm);
+  if (scaler_.update(overflow)) {
+    optimizer_->unscale_and_clip(1.0 / s.loss_scale, s.grad_norm, cfg_.optimizer.clip_grad);
+    optimizer_->step(static_cast<float>(s.lr));
+  } else {
+    s.skipped = true;
+  }
   consumed_ += cfg_.training.global_batch_size;
 
   // Only tp rank 0 of the last stage contributes its microbatch losses, so the world sum counts each once.
@@ -110,44 +137,70 @@ StepStats Trainer::step() {
 
 std::vector<StepStats> Trainer::train() {
   std::vector<StepStats> all;
+  Communicator* groups[3] = {ps_.tp.get(), ps_.pp.get(), ps_.dp.get()};
   while (iteration_ < cfg_.training.train_iters) {
+    double comm_s0[3];
+    int64_t comm_b0[3];
+    for (int g = 0; g < 3; ++g) comm_s0[g] = groups[g]->seconds_spent(), comm_b0[g] = groups[g]->bytes_moved();
     StepStats s = step();
     all.push_back(s);
-    if (!std::isfinite(s.loss))
-      spdlog::warn("iteration {}: loss is {}", s.iteration, s.loss);
-    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters) log_step(s);
+    interval_.steps++;
+    interval_.seconds += s.seconds;
+    interval_.loss_sum += s.loss;
+    interval_.skipped += s.skipped;
+    for (int g = 0; g < 3; ++g) {
+      interval_.comm_seconds[g] += groups[g]->seconds_spent() - comm_s0[g];
+      interval_.comm_bytes[g] += groups[g]->bytes_moved() - comm_b0[g];
+    }
+    if (s.skipped && ps_.rank == 0)
+      spdlog::warn("iteration {}: gradients overflowed (loss scale {}), step skipped", s.iteration, s.loss_scale);
+    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters) log_interval(s);
+    if (cfg_.eval.interval > 0 && s.iteration % cfg_.eval.interval == 0) evaluate_and_log("valid", cfg_.eval.iters);
   }
   return all;
 }
 
-void Trainer::log_step(const StepStats& s) {
+void Trainer::log_interval(const StepStats& last) {
+  const Interval& iv = interval_;
+  const double sec = iv.seconds / std::max<int64_t>(1, iv.steps);
   IterationStats it;
-  it.iteration = s.iteration;
+  it.iteration = last.iteration;
   it.train_iters = cfg_.training.train_iters;
   it.consumed_samples = consumed_;
-  it.ms_per_iter = s.seconds * 1e3;
-  it.lr = s.lr;
+  it.ms_per_iter = sec * 1e3;
+  it.lr = last.lr;
   it.global_batch = cfg_.training.global_batch_size;
-  it.loss = s.loss;
-  it.loss_scale = 1.0;
-  it.grad_norm = s.grad_norm;
-  double tokens = double(cfg_.training.global_batch_size) * double(cfg_.model.seq_length);
-  it.tokens_per_s = tokens / s.seconds;
+  it.loss = iv.loss_sum / std::max<int64_t>(1, iv.steps);
+  it.loss_scale = last.loss_scale;
+  it.grad_norm = last.grad_norm;
+  it.tokens_per_s = double(cfg_.training.global_batch_size) * double(cfg_.model.seq_length) / sec;
   double flops = model_flops_per_iteration(cfg_.training.global_batch_size, cfg_.model.seq_length,
                                            cfg_.model.num_layers, cfg_.model.hidden_size, spec_.padded_vocab);
-  it.tflops_per_device = flops / s.seconds / 1e12 / ps_.layout.world();
+  it.tflops_per_device = flops / sec / 1e12 / ps_.layout.world();
   it.mfu = cfg_.logging.peak_tflops > 0 ? it.tflops_per_device / cfg_.logging.peak_tflops : -1;
-  it.mem_in_use_bytes = backend_.memory_in_use();
-  it.mem_peak_bytes = backend_.memory_peak();
+  it.mem_in_use_bytes = static_cast<int64_t>(backend_.memory_in_use());
+  it.mem_peak_bytes = static_cast<int64_t>(backend_.memory_peak());
+  it.skipped_iters = iv.skipped;
   if (ps_.rank == 0) {
     spdlog::info("{}", format_iteration_line(it));
     if (metrics_) metrics_->write_iteration(it);
+    if (ps_.layout.world() > 1) {
+      const char* names[3] = {"tp", "pp", "dp"};
+      std::string line = fmt::format("layout tp={} pp={} vpp={} dp={} | rank 0 time in communication:",
+                                     ps_.tp_size(), ps_.pp_size(), cfg_.parallel.virtual_pipeline, ps_.dp_size());
+      for (int g = 0; g < 3; ++g)
+        line += fmt::format(" {} {:.1f}% ({:.2f} MB/step)", names[g], 100.0 * iv.comm_seconds[g] / iv.seconds,
+                            iv.comm_bytes[g] / 1e6 / iv.steps);
+      spdlog::info("{}", line);
+    }
   }
+  interval_ = Interval();
 }
 
 double Trainer::evaluate(const SampleSource& source, int64_t iters) {
   BatchLoader loader(source, cfg_.model.seq_length, cfg_.training.micro_batch_size,
                      cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
+  if (iters <= 0) iters = std::max<int64_t>(1, source.size() / cfg_.training.global_batch_size);
   LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
   auto chunk_list = chunks();
   double loss_sum = 0;
@@ -157,6 +210,17 @@ double Trainer::evaluate(const SampleSource& source, int64_t iters) {
   }
   ps_.world->all_reduce_host(&loss_sum, 1);
   return loss_sum / double(iters * loader.microbatches_per_rank() * ps_.dp_size());
+}
+
+double Trainer::evaluate_and_log(const std::string& split, int64_t iters) {
+  auto source = make_source(split);
+  double loss = evaluate(*source, iters);
+  if (ps_.rank == 0) {
+    spdlog::info(" {} at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.6E} |", split, iteration_, loss,
+                 std::exp(loss));
+    if (metrics_) metrics_->write_eval(iteration_, split, loss, std::exp(loss));
+  }
+  return loss;
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_params() {

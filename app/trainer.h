@@ -1,6 +1,7 @@
 // The training loop of one rank: builds this rank's model chunks from the config and the process grid,
-// runs each step through the pipeline executor, reduces gradients (tied embedding, data parallel),
-// clips by the global norm, steps AdamW, and logs Megatron-style lines plus the JSON metrics file.
+// runs each step through the pipeline executor, reduces gradients (tied embedding, sequence parallel,
+// data parallel), unscales and clips by the global norm, skips steps whose gradients overflowed, steps
+// AdamW, evaluates at eval.interval, and logs Megatron-style lines plus the JSON metrics file.
 #pragma once
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include "data/sample_source.h"
 #include "model/adamw.h"
 #include "model/gpt_model.h"
+#include "model/loss_scaler.h"
 #include "parallel/process_grid.h"
 
 namespace gpt {
@@ -20,7 +22,8 @@ class DataParallelOptimizer;
 
 struct StepStats {
   int64_t iteration = 0;
-  double loss = 0, grad_norm = 0, lr = 0;
+  double loss = 0, grad_norm = 0, lr = 0, loss_scale = 1;
+  bool skipped = false;  // gradients overflowed: the weights were not updated
   double seconds = 0;
 };
 
@@ -28,22 +31,40 @@ class Trainer {
  public:
   Trainer(const Config& cfg, ParallelState& ps, Backend& backend);
   ~Trainer();
-  // Runs training.train_iters steps (from the current iteration) and returns the per-step stats.
+  // Runs steps until training.train_iters (from the current iteration) and returns their stats.
   std::vector<StepStats> train();
   // One optimizer step on the next global batch.
   StepStats step();
-  // Mean token loss over `iters` global batches of `source` (same value on every rank).
+  // Mean token loss over `iters` global batches of `source` (iters <= 0: one pass over the source);
+  // the same value on every rank.
   double evaluate(const SampleSource& source, int64_t iters);
+  // Evaluates the validation split and logs/records loss and perplexity; returns the loss.
+  double evaluate_and_log(const std::string& split, int64_t iters);
+  // The samples of a split: "train", "valid" or "test" of data.train (data.valid replaces "valid"),
+  // or synthetic data when no shards are configured.
+  std::unique_ptr<SampleSource> make_source(const std::string& split) const;
 
   std::vector<ModelChunk*> chunks();
   const ModelSpec& spec() const { return spec_; }
+  const Config& config() const { return cfg_; }
+  ParallelState& parallel_state() { return ps_; }
+  Backend& backend() { return backend_; }
+  DataParallelOptimizer& optimizer() { return *optimizer_; }
+  LossScaler& loss_scaler() { return scaler_; }
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_; }
+  void set_progress(int64_t iteration, int64_t consumed) { iteration_ = iteration, consumed_ = consumed; }
+  // Distributed checkpoint (app/trainer_checkpoint.cpp): save writes checkpoint.dir/iter_NNNNNNN from every
+  // rank and moves the `latest` pointer only once all ranks' data is durable; resume loads
+  // checkpoint.load, or the latest checkpoint in checkpoint.dir, into this layout (any saved layout);
+  // returns false when there is nothing to load.
+  void save_checkpoint();
+  bool resume();
   // Every global parameter, assembled on every rank (tests and conversion): name -> values.
   std::vector<std::pair<std::string, std::vector<float>>> gather_global_params();
 
  private:
-  void log_step(const StepStats& s);
+  void log_interval(const StepStats& last);
 
   Config cfg_;
   ParallelState& ps_;
@@ -52,9 +73,17 @@ class Trainer {
   std::vector<std::unique_ptr<ModelChunk>> chunks_;
   std::unique_ptr<DataParallelOptimizer> optimizer_;
   std::unique_ptr<SampleSource> train_source_;
+  LossScaler scaler_ = LossScaler::constant();
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;
   std::unique_ptr<MetricsWriter> metrics_;
+  // Since the last log line: steps, seconds, loss sum, skipped steps, communication seconds and bytes.
+  struct Interval {
+    int64_t steps = 0, skipped = 0;
+    double seconds = 0, loss_sum = 0;
+    double comm_seconds[3] = {0, 0, 0};
+    int64_t comm_bytes[3] = {0, 0, 0};
+  } interval_;
 };
 
 ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank);

@@ -61,10 +61,10 @@ double DataParallelOptimizer::grad_norm(int64_t num_global_params) {
   return std::sqrt(total);
 }
 
-void DataParallelOptimizer::clip(double norm, double clip) {
-  if (clip <= 0) return;
-  double coeff = clip / (norm + 1e-6);
-  if (coeff >= 1.0) return;
+void DataParallelOptimizer::unscale_and_clip(double unscale, double norm, double clip) {
+  double coeff = unscale;
+  if (clip > 0 && clip / (norm + 1e-6) < 1.0) coeff *= clip / (norm + 1e-6);
+  if (coeff == 1.0) return;
   for (OptimizerSegment& s : adam_.segments()) backend_.scale(s.grad, static_cast<float>(coeff));
 }
 

@@ -28,8 +28,9 @@ class DataParallelOptimizer {
   void reduce_gradients();
   // sqrt of the sum of squares of every global gradient element, the same on every rank.
   double grad_norm(int64_t num_global_params);
-  // Scales every gradient by clip / (norm + 1e-6) when that is below one (Megatron's rule).
-  void clip(double norm, double clip);
+  // Multiplies every gradient by `unscale` (1 / loss scale) and, when the unscaled norm exceeds `clip`,
+  // by clip / (norm + 1e-6) as well (Megatron's rule). `norm` is the unscaled norm.
+  void unscale_and_clip(double unscale, double norm, double clip);
   // AdamW step, then (distributed) all-gather of the updated values.
   void step(float lr);
   AdamW& adam() { return adam_; }
