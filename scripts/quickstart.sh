@@ -9,10 +9,10 @@ cd "$(dirname "$0")/.."
 ./scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 NP=${NP:-2}
-mkdir -p data runs/quickstart
-if [ ! -f data/fortunes.index.json ]; then
+mkdir -p runs/data runs/quickstart
+if [ ! -f runs/data/fortunes.index.json ]; then
   ./build/gpt-train prep --input /usr/share/games/fortunes --doc-separator % --tokenizer bytes \
-    --output-prefix data/fortunes | tee runs/quickstart/prep.log
+    --output-prefix runs/data/fortunes | tee runs/quickstart/prep.log
 fi
 rm -f runs/quickstart/metrics.jsonl
 mpirun --oversubscribe --bind-to none -np "$NP" ./build/gpt-train train --config configs/quickstart.yaml "$@"
@@ -20,7 +20,7 @@ mpirun --oversubscribe --bind-to none -np "$NP" ./build/gpt-train eval --config 
 /usr/bin/python3 - <<'PY'
 import json
 evals = [json.loads(l) for l in open("runs/quickstart/metrics.jsonl") if '"perplexity"' in l]
-index = json.load(open("data/fortunes.index.json"))
+index = json.load(open("runs/data/fortunes.index.json"))
 baseline = index.get("unigram_perplexity")
 for e in evals[-2:]:
     print(f"{e['split']:>5} perplexity {e['perplexity']:.2f}  (unigram baseline {baseline:.2f})")
