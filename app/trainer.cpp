@@ -43,6 +43,7 @@ ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank) {
   s.tp_size = tp_size;
   s.tp_rank = tp_rank;
   s.dtype = dtype_from_name(cfg.precision.dtype);
+  s.recompute = parse_recompute(cfg.training.recompute);
   return s;
 }
 

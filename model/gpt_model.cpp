@@ -76,7 +76,7 @@ Tensor ModelChunk::run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, 
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Tensor y;
     if (cache) {
-      blocks_[i]->forward(ctx, x, b.B, b.T, y, cache->blocks[i]);
+      blocks_[i]->forward(ctx, x, b.B, b.T, y, cache->blocks[i], spec_.recompute);
     } else {
       BlockCache scratch;
       blocks_[i]->forward(ctx, x, b.B, b.T, y, scratch);
@@ -111,7 +111,7 @@ Tensor ModelChunk::backward(LayerContext& ctx, int mb, const Microbatch& b, cons
   if (is_last()) final_ln_->backward(ctx, c.head_dx, c.final_in, c.final_stats, dx);
   for (size_t i = blocks_.size(); i-- > 0;) {
     Tensor dinput;
-    blocks_[i]->backward(ctx, dx, b.B, b.T, c.blocks[i], dinput);
+    blocks_[i]->backward(ctx, dx, b.B, b.T, c.blocks[i], dinput, spec_.recompute);
     dx = dinput;
   }
   caches_.erase(it);

@@ -23,6 +23,7 @@ struct ModelSpec {
   float init_std = 0.02f;
   int tp_size = 1, tp_rank = 0;
   DType dtype = DType::F32;
+  Recompute recompute = Recompute::None;
 };
 
 // Megatron's padding: the smallest multiple of divisible_by * tp that holds the vocabulary.

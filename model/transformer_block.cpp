@@ -1,6 +1,8 @@
 // Forward and backward of the pre-LN transformer block.
 #include "model/transformer_block.h"
 
+#include <stdexcept>
+
 namespace gpt {
 
 namespace {
@@ -19,8 +21,15 @@ TransformerBlock::TransformerBlock(ParameterSet& params, const std::string& pref
       fc1_(params, prefix + ".mlp.fc1", linear(s.hidden, s.ffn, s.init_std, s)),
       fc2_(params, prefix + ".mlp.fc2", linear(s.ffn, s.hidden, s.output_init_std, s)) {}
 
-void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out,
-                               BlockCache& c) const {
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::None;
+  if (name == "selective") return Recompute::Selective;
+  if (name == "full") return Recompute::Full;
+  throw std::invalid_argument("training.recompute: unknown mode '" + name + "' (expected none, selective or full)");
+}
+
+void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& c,
+                               Recompute recompute) const {
   Backend& be = ctx.backend;
   const int64_t D = spec_.hidden / spec_.heads;
   c.input = x;
@@ -47,12 +56,23 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   Tensor mlp_out = exit_tp_region(ctx, fc2_partial);
   out = be.empty(x.shape(), x.dtype());
   be.add(c.h, mlp_out, out);
+  if (recompute == Recompute::Selective) c.probs = Tensor();
+  if (recompute == Recompute::Full) c = BlockCache{x};
 }
 
 void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& c,
-                                Tensor& dx) const {
+                                Tensor& dx, Recompute recompute) const {
   Backend& be = ctx.backend;
   const int64_t D = spec_.hidden / spec_.heads;
+  if (recompute == Recompute::Full) {
+    Tensor unused;
+    Tensor input = c.input;
+    forward(ctx, input, B, T, unused, c);
+  } else if (recompute == Recompute::Selective) {
+    Tensor att = be.empty(c.att.shape(), c.att.dtype());
+    c.probs = be.empty({B, local_heads_, T, T});
+    be.attention_forward(c.qkv, B, T, local_heads_, D, att, c.probs);
+  }
   // MLP branch
   Tensor dout_full = exit_tp_region_backward(ctx, dout);
   Tensor dact, dln2_full, dh;

@@ -29,13 +29,22 @@ struct BlockCache {
   LayerNorm::Cache ln1_stats, ln2_stats;
 };
 
+// Activation recomputation (Megatron's meanings): Selective drops the attention core's softmax
+// probabilities after forward and recomputes them from the saved qkv in backward; Full keeps only the
+// block's input and reruns the whole block forward before its backward.
+enum class Recompute { None, Selective, Full };
+Recompute parse_recompute(const std::string& name);
+
 class TransformerBlock {
  public:
   TransformerBlock(ParameterSet& params, const std::string& prefix, const BlockSpec& spec);
   // x [rows, C] -> out [rows, C]
-  void forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& cache) const;
+  void forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& cache,
+               Recompute recompute = Recompute::None) const;
   // dout [rows, C] -> dx [rows, C]; accumulates parameter gradients; releases the cache's tensors.
-  void backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& cache, Tensor& dx) const;
+  // Recomputes what `recompute` dropped, first.
+  void backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& cache, Tensor& dx,
+                Recompute recompute = Recompute::None) const;
 
  private:
   BlockSpec spec_;
