@@ -37,6 +37,7 @@ Config tiny_config() {
 
 struct RunResult {
   std::vector<double> losses, norms;
+  double eval_loss = 0;  // validation loss after training (forward-only pipeline)
   std::vector<std::pair<std::string, std::vector<float>>> weights;
 };
 
@@ -49,6 +50,7 @@ RunResult run(const Config& cfg, ParallelState& ps) {
     r.norms.push_back(s.grad_norm);
   }
   r.weights = trainer.gather_global_params();
+  r.eval_loss = trainer.evaluate(*trainer.make_source("valid"), 2);
   return r;
 }
 
@@ -106,6 +108,10 @@ void check_layout(const Layout& l, bool bit_identical) {
       EXPECT_NEAR(r.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << name(l) << " step " << i + 1;
     }
   }
+  if (bit_identical)
+    EXPECT_EQ(r.eval_loss, ref.eval_loss) << name(l);
+  else
+    EXPECT_NEAR(r.eval_loss, ref.eval_loss, 1e-5 * ref.eval_loss) << name(l);
   ASSERT_EQ(r.weights.size(), ref.weights.size());
   for (size_t k = 0; k < r.weights.size(); ++k) {
     const auto& [nm, w] = r.weights[k];
