@@ -179,8 +179,11 @@ void Trainer::log_interval(const StepStats& last) {
                                            cfg_.model.num_layers, cfg_.model.hidden_size, spec_.padded_vocab);
   it.tflops_per_device = flops / sec / 1e12 / ps_.layout.world();
   it.mfu = cfg_.logging.peak_tflops > 0 ? it.tflops_per_device / cfg_.logging.peak_tflops : -1;
-  it.mem_in_use_bytes = static_cast<int64_t>(backend_.memory_in_use());
-  it.mem_peak_bytes = static_cast<int64_t>(backend_.memory_peak());
+  // Memory of the fullest rank (every rank takes part in this reduction at the same iterations).
+  double mem[2] = {double(backend_.memory_in_use()), double(backend_.memory_peak())};
+  ps_.world->all_reduce_host(mem, 2, ReduceOp::Max);
+  it.mem_in_use_bytes = static_cast<int64_t>(mem[0]);
+  it.mem_peak_bytes = static_cast<int64_t>(mem[1]);
   it.skipped_iters = iv.skipped;
   if (ps_.rank == 0) {
     spdlog::info("{}", format_iteration_line(it));
