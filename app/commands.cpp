@@ -7,13 +7,16 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "app/config.h"
 #include "app/launch_env.h"
 #include "app/logging.h"
 #include "app/metrics.h"
+#include "app/signals.h"
 #include "app/trainer.h"
+#include "app/watchdog.h"
 #include "model/ops/backend.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
@@ -56,9 +59,15 @@ GridLayout layout_or_startup_error(const Config& cfg, int world) {
   }
 }
 
-void set_threads(const Config& cfg) {
-  if (cfg.training.threads > 0) omp_set_num_threads(static_cast<int>(cfg.training.threads));
-  openblas_set_num_threads(omp_get_max_threads());
+// training.threads wins; else OMP_NUM_THREADS; else the host's cores shared among the ranks on it, so
+// several ranks per node never oversubscribe the cores.
+int set_threads(const Config& cfg, int ranks_on_host) {
+  int threads = static_cast<int>(cfg.training.threads);
+  if (threads <= 0 && !std::getenv("OMP_NUM_THREADS"))
+    threads = std::max(1, omp_get_num_procs() / std::max(1, ranks_on_host));
+  if (threads > 0) omp_set_num_threads(threads);
+  openblas_set_num_threads(1);  // the CPU backend parallelises GEMMs itself, one BLAS thread per OpenMP thread
+  return omp_get_max_threads();
 }
 
 }  // namespace
@@ -100,21 +109,30 @@ int run_distributed_command(const ParsedArgs& args) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   init_logging(rank, cfg.logging.level, cfg.logging.all_ranks);
+  install_mpi_error_handler(rank);  // an MPI error on the world communicator names this rank, then aborts
   LaunchInfo launch = reconcile_with_mpi(discover_launch_env());
   GridLayout layout = layout_or_startup_error(cfg, world);
   ParallelState ps = mpi_parallel_state(layout);
-  set_threads(cfg);
+  const int threads = set_threads(cfg, launch.env.local_size);
   auto backend = make_backend(cfg.backend, launch.env.local_rank);
 
   if (rank == 0) {
-    spdlog::info("gpt-train {} on {} rank(s), backend {}, launcher {}", args.command, world, backend->name(),
-                 launcher_name(launch.env.launcher));
+    spdlog::info("gpt-train {} on {} rank(s), backend {}, launcher {}, {} thread(s) per rank", args.command, world,
+                 backend->name(), launcher_name(launch.env.launcher), threads);
     spdlog::info("effective config (from {}):\n{}", cfg.source, dump_config(cfg));
     spdlog::info("layout:\n{}", describe_layout(layout, launch.hosts));
   }
 
+  // SIGTERM / SIGUSR1 from here on stop every rank after a step with a checkpoint, and the run exits 0.
+  if (args.command == "train") install_stop_signal_handlers(rank);
   Trainer trainer(cfg, ps, *backend);
   if (args.command == "train") {
+    // Steps are timed by training.step_timeout_s. Only a launched rank watches its parent: a plain
+    // process may outlive the shell that started it (nohup) and must keep going.
+    start_process_watchdog({rank, cfg.training.step_timeout_s, launch.env.launcher != Launcher::None});
+    struct StopWatchdog {
+      ~StopWatchdog() { stop_process_watchdog(); }
+    } stop_watchdog;
     trainer.train();
     return 0;
   }
