@@ -54,7 +54,8 @@ const std::vector<Subcommand>& subcommands() {
       {"prep", "tokenize text files into HDF5 token shards"},
       {"schedule", "print the pipeline schedule table for given pipeline, virtual and microbatch sizes"},
       {"config", "load and validate a config; --dump prints every key with its value"},
-      {"plan", "show the process grid and each rank's share of the model for a config and world size"},
+      {"plan", "rank parallel layouts for a config on N GPUs by predicted step time and memory (--gpus N)"},
+      {"convert", "export a checkpoint to Hugging Face GPT-2 safetensors, or import one"},
   };
   return list;
 }

@@ -14,10 +14,13 @@
 #include "app/launch_env.h"
 #include "app/logging.h"
 #include "app/metrics.h"
+#include "app/plan.h"
 #include "app/signals.h"
 #include "app/trainer.h"
 #include "app/watchdog.h"
 #include "model/ops/backend.h"
+#include "parallel/checkpoint_format.h"
+#include "parallel/communicator_factory.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
 
@@ -105,6 +108,7 @@ int run_distributed_command(const ParsedArgs& args) {
   args.check_options({"load", "iters"});
   Config cfg = load_or_startup_error(args);
   if (args.has("load")) cfg.checkpoint.load = args.get("load");
+  if (args.command == "eval" && !cfg.checkpoint.load.empty()) cfg.checkpoint.dir.clear();  // eval what --load names
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -114,13 +118,22 @@ int run_distributed_command(const ParsedArgs& args) {
   GridLayout layout = layout_or_startup_error(cfg, world);
   ParallelState ps = mpi_parallel_state(layout);
   const int threads = set_threads(cfg, launch.env.local_size);
-  auto backend = make_backend(cfg.backend, launch.env.local_rank);
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = make_backend(cfg.backend, launch.env.local_rank);
+  } catch (const std::exception& e) {  // e.g. backend cuda without a visible GPU: the same on every rank
+    throw StartupError(std::string("config ") + cfg.source + ": " + e.what());
+  }
+  // On a device backend the tp/pp/dp groups move to the device communicator (NCCL); collective, same
+  // point on every rank.
+  use_device_communicators(ps, *backend);
 
   if (rank == 0) {
     spdlog::info("gpt-train {} on {} rank(s), backend {}, launcher {}, {} thread(s) per rank", args.command, world,
                  backend->name(), launcher_name(launch.env.launcher), threads);
     spdlog::info("effective config (from {}):\n{}", cfg.source, dump_config(cfg));
     spdlog::info("layout:\n{}", describe_layout(layout, launch.hosts));
+    log_layout_checks(cfg, layout, launch.env.local_size);  // predicted memory; planner comparison
   }
 
   // SIGTERM / SIGUSR1 from here on stop every rank after a step with a checkpoint, and the run exits 0.
@@ -133,8 +146,22 @@ int run_distributed_command(const ParsedArgs& args) {
     struct StopWatchdog {
       ~StopWatchdog() { stop_process_watchdog(); }
     } stop_watchdog;
-    trainer.train();
+    try {
+      trainer.train();
+    } catch (const CheckpointError& e) {  // raised alike on every rank (parallel/checkpoint.h)
+      throw StartupError(e.what());
+    }
     return 0;
+  }
+  // eval --load DIR (or checkpoint.dir) evaluates the checkpoint's weights, loaded into this layout; an
+  // explicit --load that finds nothing is an error.
+  if (!cfg.checkpoint.load.empty() || !cfg.checkpoint.dir.empty()) {
+    try {
+      if (!trainer.resume() && rank == 0)
+        spdlog::warn("no checkpoint in {}: evaluating the initial weights", cfg.checkpoint.dir);
+    } catch (const CheckpointError& e) {
+      throw StartupError(e.what());
+    }
   }
   // --iters 0 evaluates each split once through; the default is eval.iters batches.
   int64_t iters = args.get_int("iters", cfg.eval.iters);

@@ -279,6 +279,7 @@ void validate_config(const Config& c) {
   at_least("training.global_batch_size", t.global_batch_size, 1);
   at_least("training.train_iters", t.train_iters, 1);
   at_least("training.threads", t.threads, 0);
+  non_negative("training.step_timeout_s", t.step_timeout_s);
 
   const OptimizerConfig& o = c.optimizer;
   non_negative("optimizer.lr", o.lr);

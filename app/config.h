@@ -39,6 +39,7 @@ struct TrainingConfig {
   int64_t seed = 1234;
   std::string recompute = "none";  // none | selective | full
   int64_t threads = 0;             // 0 = OpenMP default
+  double step_timeout_s = 600;     // watchdog: abort the job when one step takes longer; 0 = off
 };
 
 struct OptimizerConfig {
@@ -83,6 +84,7 @@ struct LoggingConfig {
   std::string level = "info";
   bool all_ranks = false;
   double peak_tflops = 0;  // per device, for MFU; 0 = not reported
+  std::string hardware;    // planner hardware for the start-up layout check (app/plan.h); empty = default
 };
 
 struct Config {

@@ -42,6 +42,7 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(training, seed, "seed for weight initialisation and data order"),
       GPT_KEY(training, recompute, "activation recomputation", "none", "selective", "full"),
       GPT_KEY(training, threads, "CPU threads per rank; 0 = OpenMP default"),
+      GPT_KEY(training, step_timeout_s, "abort the job (naming the rank) when one step takes longer; 0 = never"),
 
       GPT_KEY(optimizer, lr, "peak learning rate"),
       GPT_KEY(optimizer, min_lr, "learning rate at the end of cosine decay"),
@@ -74,6 +75,7 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(logging, level, "log level", "trace", "debug", "info", "warn", "error", "critical", "off"),
       GPT_KEY(logging, all_ranks, "every rank logs, not only rank 0"),
       GPT_KEY(logging, peak_tflops, "peak TFLOP/s per device for MFU; 0 = MFU not reported"),
+      GPT_KEY(logging, hardware, "hardware for the start-up layout check: a100-80g, h100-80g, h200 or a file; empty = h100-80g on cuda, none on cpu"),
   };
   return keys;
 }

@@ -12,6 +12,8 @@
 #include "app/cli.h"
 #include "app/commands.h"
 #include "app/config.h"
+#include "app/convert.h"
+#include "app/plan.h"
 #include "app/prep.h"
 
 namespace {
@@ -38,7 +40,9 @@ int main(int argc, char** argv) {
   }
   // Subcommands that need no MPI run before MPI_Init so they work without a launcher.
   if (args.command == "schedule") return gpt::schedule_main(args);
+  if (args.command == "plan") return gpt::plan_main(args);
   if (args.command == "config") return gpt::config_main(args);
+  if (args.command == "convert") return gpt::convert_main(args);
   if (args.command == "prep") return gpt::prep_main(std::vector<std::string>(argv + 2, argv + argc));
 
   MPI_Init(&argc, &argv);

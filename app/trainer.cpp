@@ -11,6 +11,8 @@
 #include "app/flops.h"
 #include "app/logging.h"
 #include "app/metrics.h"
+#include "app/signals.h"
+#include "app/watchdog.h"
 #include "data/batch_loader.h"
 #include "data/shard_source.h"
 #include "parallel/data_parallel.h"
@@ -139,11 +141,19 @@ StepStats Trainer::step() {
 std::vector<StepStats> Trainer::train() {
   std::vector<StepStats> all;
   Communicator* groups[3] = {ps_.tp.get(), ps_.pp.get(), ps_.dp.get()};
+  if (!resume_attempted_ && (!cfg_.checkpoint.load.empty() || !cfg_.checkpoint.dir.empty())) resume();
+  int64_t saved_at = -1;
   while (iteration_ < cfg_.training.train_iters) {
     double comm_s0[3];
     int64_t comm_b0[3];
     for (int g = 0; g < 3; ++g) comm_s0[g] = groups[g]->seconds_spent(), comm_b0[g] = groups[g]->bytes_moved();
-    StepStats s = step();
+    StepStats s;
+    int stop_signal = 0;  // agreed over the world, so every rank leaves after the same step
+    {
+      WatchdogScope watch("iteration " + std::to_string(iteration_ + 1));
+      s = step();
+      stop_signal = agree_on_stop(*ps_.world);
+    }
     all.push_back(s);
     interval_.steps++;
     interval_.seconds += s.seconds;
@@ -155,9 +165,22 @@ std::vector<StepStats> Trainer::train() {
     }
     if (s.skipped && ps_.rank == 0)
       spdlog::warn("iteration {}: gradients overflowed (loss scale {}), step skipped", s.iteration, s.loss_scale);
-    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters) log_interval(s);
+    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters || stop_signal)
+      log_interval(s);
     if (cfg_.eval.interval > 0 && s.iteration % cfg_.eval.interval == 0) evaluate_and_log("valid", cfg_.eval.iters);
+    if (cfg_.checkpoint.save_interval > 0 && s.iteration % cfg_.checkpoint.save_interval == 0) {
+      save_checkpoint();
+      saved_at = s.iteration;
+    }
+    if (stop_signal) {  // SIGTERM / SIGUSR1 on some rank: checkpoint below and return
+      if (ps_.rank == 0)
+        spdlog::warn("stop requested ({}): stopping after iteration {}{}", signal_name(stop_signal), s.iteration,
+                     cfg_.checkpoint.dir.empty() ? " without a checkpoint (checkpoint.dir is empty)" : "");
+      break;
+    }
   }
+  // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved).
+  if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) save_checkpoint();
   return all;
 }
 

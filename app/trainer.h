@@ -76,6 +76,7 @@ class Trainer {
   LossScaler scaler_ = LossScaler::constant();
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;
+  bool resume_attempted_ = false;  // train() auto-resumes once, unless resume() was called already
   std::unique_ptr<MetricsWriter> metrics_;
   // Since the last log line: steps, seconds, loss sum, skipped steps, communication seconds and bytes.
   struct Interval {

@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev googletest
   libsentencepiece-dev fortunes
   python3 python3-numpy python3-torch
+  slurm-wlm munge libpmix2 python3-h5py
 )
 
 missing=()

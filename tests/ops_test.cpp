@@ -1004,12 +1004,14 @@ TEST(BackendFactory, NamesBackends) {
   auto cpu = make_backend("cpu");
   EXPECT_EQ(cpu->name(), "cpu");
   EXPECT_EQ(cpu->device(), Device::CPU);
+#ifndef GPT_HAVE_CUDA  // with the CUDA backend built in, tests/cuda_ops_test.cpp (CudaFactory) checks "cuda"
   try {
     make_backend("cuda");
     ADD_FAILURE() << "cuda should not be available in this build";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("not built"), std::string::npos) << e.what();
   }
+#endif
   try {
     make_backend("tpu");
     ADD_FAILURE() << "unknown backend accepted";

@@ -5,6 +5,9 @@
 #include <stdexcept>
 
 #include "model/ops/cpu/cpu_backend.h"
+#ifdef GPT_HAVE_CUDA
+#include "model/ops/cuda/cuda_factory.h"
+#endif
 
 namespace gpt {
 
@@ -17,10 +20,14 @@ Tensor Backend::zeros(const Shape& shape, DType dtype) {
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda") {
+#ifdef GPT_HAVE_CUDA
+    return make_cuda_backend(local_rank);
+#else
     throw std::runtime_error(
         "backend 'cuda' requested (local rank " + std::to_string(local_rank) +
         ") but the CUDA backend is not built into this binary; rebuild with the CUDA toolkit available "
         "(cmake -DGPT_CUDA=ON) or set backend: cpu");
+#endif
   }
   throw std::runtime_error("unknown backend '" + name + "': valid values are 'cpu' and 'cuda'");
 }

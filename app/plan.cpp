@@ -1,0 +1,521 @@
+// `gpt-train plan` (see app/plan.h): hardware files, the printed and JSON rankings, the trainer's start-up
+// checks and the CPU probe.
+#include "app/plan.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "app/config.h"
+#include "app/metrics.h"
+#include "model/ops/backend.h"
+#include "parallel/process_grid.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace gpt {
+
+namespace {
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+
+// ---- hardware files ----
+
+struct HardwareField {
+  const char* key;
+  double HardwareSpec::*field;
+  const char* help;
+};
+
+const std::vector<HardwareField>& hardware_fields() {
+  static const std::vector<HardwareField> fields = {
+      {"peak_tflops_16bit", &HardwareSpec::peak_tflops_16bit, "dense bf16/fp16 matmul peak per device, TFLOP/s"},
+      {"peak_tflops_fp32", &HardwareSpec::peak_tflops_fp32, "dense fp32 matmul peak per device, TFLOP/s"},
+      {"matmul_efficiency", &HardwareSpec::matmul_efficiency, "fraction of peak that large GEMMs sustain"},
+      {"attention_efficiency", &HardwareSpec::attention_efficiency,
+       "attention core rate over peak, counting dense 4bs^2h FLOPs (0 = matmul_efficiency)"},
+      {"memory_gib", &HardwareSpec::memory_gib, "device memory, GiB"},
+      {"memory_reserved_gib", &HardwareSpec::memory_reserved_gib, "memory not available to tensors, GiB"},
+      {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth_gbs, "device memory bandwidth, GB/s"},
+      {"memory_efficiency", &HardwareSpec::memory_efficiency, "fraction of it memory-bound kernels achieve"},
+      {"intra_node_bandwidth_gbs", &HardwareSpec::intra_node_bandwidth_gbs,
+       "device-to-device bandwidth inside a node, per direction, GB/s"},
+      {"intra_node_efficiency", &HardwareSpec::intra_node_efficiency, "fraction of it collectives achieve"},
+      {"intra_node_latency_us", &HardwareSpec::intra_node_latency_us, "per message step inside a node, us"},
+      {"inter_node_bandwidth_gbs", &HardwareSpec::inter_node_bandwidth_gbs, "each device's network link, GB/s"},
+      {"inter_node_efficiency", &HardwareSpec::inter_node_efficiency, "fraction of it collectives achieve"},
+      {"inter_node_latency_us", &HardwareSpec::inter_node_latency_us, "per message step between nodes, us"},
+  };
+  return fields;
+}
+
+std::string pct(double x) { return fmt::format("{:.1f}%", 100 * x); }
+
+std::string seconds(double s) {
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+// ---- one table row ----
+
+std::string row(int rank, const PlanEntry& e) {
+  const LayoutSpec& l = e.layout;
+  const MemoryEstimate& m = e.memory;
+  const TimeEstimate& t = e.time;
+  return fmt::format(
+      "{:>4} {:>3} {:>3} {:>3} {:>4} {:>3} {:<9} {:<4} | {:6.2f} {:6.2f} {:6.2f} {:7.2f} {:7.2f} | {:8.3f} {:7.3f} {:7.3f} "
+      "{:7.3f} {:6.1f}% | {:8.3f} {:8.1f}",
+      rank > 0 ? std::to_string(rank) : "-", l.tp, l.pp, l.vpp, l.dp, l.micro_batch, recompute_name(l.recompute),
+      l.distributed_optimizer ? "on" : "off", m.weights / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
+      m.total() / GiB, t.compute_s, t.tp_comm_s, t.pp_comm_s, t.dp_comm_s, 100 * t.bubble_fraction, t.step_s,
+      t.tflops_per_device);
+}
+
+const char* kHeader =
+    "   #  tp  pp vpp   dp  mb recompute dist | weight  grads  optim  activ   total | compute tp comm pp comm dp comm "
+    "bubble | step (s)  TFLOP/s\n"
+    "                                         |         memory per device, GiB       |      time per step, s          "
+    "       |";
+
+std::string entry_json(const PlanEntry& e) {
+  const LayoutSpec& l = e.layout;
+  const MemoryEstimate& m = e.memory;
+  const TimeEstimate& t = e.time;
+  return fmt::format(
+      "{{\"tp\":{},\"pp\":{},\"vpp\":{},\"dp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"distributed_optimizer\":{},"
+      "\"sequence_parallel\":{},\"tflops_per_gpu\":{:.6g},\"step_time_s\":{:.6g},\"memory_bytes\":{},\"fits\":{},"
+      "\"memory\":{{\"weights\":{},\"grads\":{},\"optimizer\":{},\"activations\":{},\"pipeline_stage\":{}}},"
+      "\"time\":{{\"compute_s\":{:.6g},\"tp_comm_s\":{:.6g},\"pp_comm_s\":{:.6g},\"dp_comm_s\":{:.6g},"
+      "\"optimizer_s\":{:.6g},\"bubble_s\":{:.6g},\"bubble_fraction\":{:.6g}}}}}",
+      l.tp, l.pp, l.vpp, l.dp, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer,
+      l.sequence_parallel, t.tflops_per_device, t.step_s, m.total(), e.fits, m.weights, m.grads, m.optimizer,
+      m.activations, m.pp_rank, t.compute_s, t.tp_comm_s, t.pp_comm_s, t.dp_comm_s, t.optimizer_s, t.bubble_s,
+      t.bubble_fraction);
+}
+
+DType dtype_of(const Config& cfg) {
+  const std::string& d = cfg.precision.dtype;
+  return d == "bf16" ? DType::BF16 : d == "fp16" ? DType::F16 : DType::F32;
+}
+
+PlanOptions options_from(const Config& cfg, int devices, int devices_per_node) {
+  PlanOptions o;
+  o.devices = devices;
+  o.devices_per_node = devices_per_node;
+  o.sequence_parallel = cfg.parallel.sequence_parallel;
+  o.dtype = dtype_of(cfg);
+  return o;
+}
+
+// The config's own layout on `devices`, when it describes one that runs there.
+std::optional<LayoutSpec> configured_layout(const Config& cfg, int devices) {
+  try {
+    GridLayout grid = grid_layout_from_config(cfg.parallel, devices);
+    LayoutSpec l = layout_spec_from_config(cfg, grid);
+    validate_layout(model_dims_from_config(cfg), l);
+    return l;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+bool same_layout(const LayoutSpec& a, const LayoutSpec& b) {
+  return a.tp == b.tp && a.pp == b.pp && a.vpp == b.vpp && a.dp == b.dp && a.micro_batch == b.micro_batch &&
+         a.recompute == b.recompute && a.distributed_optimizer == b.distributed_optimizer;
+}
+
+void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top) {
+  const HardwareSpec& hw = plan.hardware;
+  int64_t params = 0;
+  for (int64_t n : chunk_parameter_counts(m, LayoutSpec{}, 0)) params += n;
+  int fitting = 0;
+  for (const PlanEntry& e : plan.layouts) fitting += e.fits;
+  std::cout << fmt::format(
+      "model: {:.3f}B parameters ({} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}), global batch {}, {}\n",
+      params / 1e9, m.num_layers, m.hidden, m.heads, m.ffn, m.seq_length, m.vocab_size, cfg.training.global_batch_size,
+      cfg.precision.dtype);
+  std::cout << fmt::format("hardware: {} ({}); {} devices, {} per node, {:.1f} GiB usable per device\n", hw.name,
+                           hw.description, plan.options.devices, hw.devices_per_node, hw.usable_memory_bytes() / GiB);
+  std::cout << fmt::format("{} layouts evaluated: {} fit in memory, {} do not; {} choices break a rule\n\n",
+                           plan.layouts.size(), fitting, plan.layouts.size() - fitting, plan.rejected.size());
+  if (fitting == 0) {
+    std::cout << "no layout fits in memory on this hardware\n";
+  } else {
+    std::cout << kHeader << "\n";
+    for (int i = 0; i < std::min(top, fitting); ++i) std::cout << row(i + 1, plan.layouts[i]) << "\n";
+  }
+  if (auto mine = configured_layout(cfg, plan.options.devices)) {
+    for (size_t i = 0; i < plan.layouts.size(); ++i) {
+      if (!same_layout(plan.layouts[i].layout, *mine)) continue;
+      const PlanEntry& e = plan.layouts[i];
+      std::cout << "\nconfigured layout " << mine->str() << ":\n" << row(e.fits ? int(i) + 1 : 0, e) << "\n";
+      if (!e.fits)
+        std::cout << fmt::format("  does not fit: {:.2f} GiB > {:.2f} GiB usable\n", e.memory.total() / GiB,
+                                 hw.usable_memory_bytes() / GiB);
+      else if (plan.best())
+        std::cout << fmt::format("  predicted {} slower than the best\n",
+                                 pct(e.time.step_s / plan.best()->time.step_s - 1));
+    }
+  }
+  // Each (tp, pp, dp) none of whose variants fits: its smallest footprint.
+  std::map<std::tuple<int, int, int>, const PlanEntry*> smallest;
+  std::set<std::tuple<int, int, int>> fits;
+  for (const PlanEntry& e : plan.layouts) {
+    auto key = std::make_tuple(e.layout.tp, e.layout.pp, e.layout.dp);
+    if (e.fits) fits.insert(key);
+    auto& s = smallest[key];
+    if (!s || e.memory.total() < s->memory.total()) s = &e;
+  }
+  bool header = false;
+  for (const auto& [key, e] : smallest) {
+    if (fits.count(key)) continue;
+    if (!header) std::cout << "\ndo not fit in memory (smallest variant of each tensor x pipeline x data):\n";
+    header = true;
+    std::cout << fmt::format("  tp {} pp {} dp {}: {:.2f} GiB > {:.2f} GiB usable, even with {}\n", e->layout.tp,
+                             e->layout.pp, e->layout.dp, e->memory.total() / GiB, hw.usable_memory_bytes() / GiB,
+                             e->layout.str());
+  }
+  if (!plan.rejected.empty()) std::cout << "\nbreak a rule:\n";
+  for (const RejectedLayout& r : plan.rejected) {
+    std::string what = "tp " + std::to_string(r.tp);
+    if (r.pp) what += " pp " + std::to_string(r.pp) + " dp " + std::to_string(r.dp);
+    std::cout << "  " << what << ": " << r.reason << "\n";
+  }
+}
+
+void print_json(const Plan& plan, const ModelDims& m, int64_t global_batch) {
+  std::string out = fmt::format(
+      "{{\"hardware\":{},\"devices\":{},\"devices_per_node\":{},\"usable_memory_bytes\":{:.0f},"
+      "\"model\":{{\"num_layers\":{},\"hidden_size\":{},\"num_heads\":{},\"ffn_hidden_size\":{},\"seq_length\":{},"
+      "\"vocab_size\":{},\"global_batch_size\":{}}},\"layouts\":[",
+      json_string(plan.hardware.name), plan.options.devices, plan.hardware.devices_per_node,
+      plan.hardware.usable_memory_bytes(), m.num_layers, m.hidden, m.heads, m.ffn, m.seq_length, m.vocab_size,
+      global_batch);
+  for (size_t i = 0; i < plan.layouts.size(); ++i) out += (i ? ",\n" : "\n") + entry_json(plan.layouts[i]);
+  out += "\n],\"rejected\":[";
+  for (size_t i = 0; i < plan.rejected.size(); ++i) {
+    const RejectedLayout& r = plan.rejected[i];
+    out += fmt::format("{}{{\"tp\":{},\"pp\":{},\"dp\":{},\"reason\":{}}}", i ? ",\n" : "\n", r.tp, r.pp, r.dp,
+                       json_string(r.reason));
+  }
+  out += "\n]}\n";
+  std::cout << out;
+}
+
+// ---- CPU probe: each measurement is the best of a few repetitions ----
+
+template <typename F>
+double best_seconds(int reps, F&& f) {
+  double best = 1e30;
+  f();  // warm-up
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+Tensor random_tensor(Backend& be, const Shape& shape, DType dtype, float scale = 0.1f) {
+  Tensor t = be.empty(shape, dtype);
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  uint32_t x = 12345;
+  for (float& v : host) {
+    x = x * 1664525u + 1013904223u;
+    v = scale * (static_cast<float>(x >> 8) / 16777216.0f - 0.5f);
+  }
+  be.upload(host.data(), t);
+  return t;
+}
+
+// GEMM FLOP/s at a transformer-sized shape, forward and backward (the time model charges backward 2x).
+double gemm_rate(Backend& be, DType dtype) {
+  const int64_t N = 2048, K = 384, O = 1536;
+  Tensor x = random_tensor(be, {N, K}, dtype), w = random_tensor(be, {O, K}, dtype), y = be.empty({N, O}, dtype);
+  Tensor dy = random_tensor(be, {N, O}, dtype), dx = be.empty({N, K}, dtype), dw = be.zeros({O, K});
+  double t = best_seconds(8, [&] {
+    be.linear_forward(x, w, nullptr, y);
+    be.linear_backward(dy, x, w, &dx, dw, nullptr);
+  });
+  return 3 * 2.0 * N * K * O / t;
+}
+
+}  // namespace
+
+// ---- hardware files ----
+
+HardwareSpec hardware_from_yaml(const std::string& yaml, const std::string& source) {
+  auto fail = [&](const std::string& what) { throw std::runtime_error("hardware file " + source + ": " + what); };
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    fail(std::string("not valid YAML: ") + e.what());
+  }
+  if (!root.IsMap()) fail("expected a mapping of keys to values");
+  HardwareSpec hw;
+  hw.name = source;
+  std::set<std::string> seen;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    if (!kv.second.IsScalar()) fail("key '" + key + "' needs a single value");
+    const std::string text = kv.second.as<std::string>();
+    seen.insert(key);
+    if (key == "name") {
+      hw.name = text;
+    } else if (key == "description") {
+      hw.description = text;
+    } else if (key == "devices_per_node") {
+      try {
+        size_t used = 0;
+        hw.devices_per_node = std::stoi(text, &used);
+        if (used != text.size()) throw std::invalid_argument(text);
+      } catch (const std::exception&) {
+        fail("devices_per_node must be an integer, got '" + text + "'");
+      }
+    } else {
+      const HardwareField* f = nullptr;
+      for (const HardwareField& c : hardware_fields())
+        if (key == c.key) f = &c;
+      if (!f) {
+        std::string known = "name, description, devices_per_node";
+        for (const HardwareField& c : hardware_fields()) known += std::string(", ") + c.key;
+        fail("unknown key '" + key + "' (known: " + known + ")");
+      }
+      try {
+        size_t used = 0;
+        hw.*(f->field) = std::stod(text, &used);
+        if (used != text.size()) throw std::invalid_argument(text);
+      } catch (const std::exception&) {
+        fail("key '" + key + "' must be a number, got '" + text + "'");
+      }
+    }
+  }
+  for (const char* required : {"peak_tflops_16bit", "peak_tflops_fp32", "memory_gib", "memory_bandwidth_gbs",
+                               "devices_per_node", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs"})
+    if (!seen.count(required)) fail(std::string("missing key '") + required + "'");
+  try {
+    hw.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+  return hw;
+}
+
+HardwareSpec load_hardware(const std::string& name_or_file) {
+  if (const HardwareSpec* hw = builtin_hardware(name_or_file)) return *hw;
+  std::ifstream in(name_or_file);
+  if (!in) {
+    std::string names;
+    for (const std::string& n : builtin_hardware_names()) names += (names.empty() ? "" : ", ") + n;
+    throw std::runtime_error("--hardware '" + name_or_file + "': neither a built-in description (" + names +
+                             ") nor a readable file");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return hardware_from_yaml(text.str(), name_or_file);
+}
+
+std::string hardware_to_yaml(const HardwareSpec& hw) {
+  std::string out = fmt::format("name: {}\ndescription: {}\ndevices_per_node: {}\n", json_string(hw.name),
+                                json_string(hw.description), hw.devices_per_node);
+  for (const HardwareField& f : hardware_fields())
+    out += fmt::format("{}: {:.6g}  # {}\n", f.key, hw.*(f.field), f.help);
+  return out;
+}
+
+// ---- start-up checks ----
+
+std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayout& grid, const HardwareSpec& hw,
+                                               int ranks_per_node, std::string* info) {
+  const ModelDims m = model_dims_from_config(cfg);
+  const LayoutSpec mine = layout_spec_from_config(cfg, grid);
+  PlanOptions o = options_from(cfg, grid.world(), ranks_per_node);
+  Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
+  PlanEntry chosen = evaluate_layout(m, mine, plan.hardware);
+  std::vector<std::string> warnings;
+  if (!chosen.fits)
+    warnings.push_back(fmt::format("layout check ({}): {} is predicted to need {} per device, more than the {} usable",
+                                   plan.hardware.name, mine.str(), format_bytes(chosen.memory.total()),
+                                   format_bytes(static_cast<int64_t>(plan.hardware.usable_memory_bytes()))));
+  const PlanEntry* best = plan.best();
+  if (!best) return warnings;
+  const double slower = chosen.time.step_s / best->time.step_s - 1;
+  if (slower > 0.25)
+    warnings.push_back(fmt::format("layout check ({}): {} is predicted {} slower than {} ({} vs {} per "
+                                   "step); see 'gpt-train plan --config {} --gpus {} --hardware {}'",
+                                   plan.hardware.name, mine.str(), pct(slower), best->layout.str(),
+                                   seconds(chosen.time.step_s), seconds(best->time.step_s), cfg.source, grid.world(), hw.name));
+  if (info)
+    *info = fmt::format("layout check ({}): predicted {} per step, {:.3g} TFLOP/s per device; the best layout "
+                        "found ({}) is predicted {}",
+                        plan.hardware.name, seconds(chosen.time.step_s), chosen.time.tflops_per_device,
+                        best->layout.str(), seconds(best->time.step_s));
+  return warnings;
+}
+
+namespace {
+
+void layout_checks(const Config& cfg, const GridLayout& grid, int ranks_per_node) {
+  spdlog::info("{}", format_memory_estimate(model_dims_from_config(cfg), layout_spec_from_config(cfg, grid)));
+  std::string hw_name = cfg.logging.hardware;
+  if (hw_name.empty()) {
+    if (cfg.backend != "cuda") {
+      spdlog::info("layout check skipped: no hardware description for the cpu backend (set logging.hardware to a "
+                   "file written by 'gpt-train plan --probe FILE')");
+      return;
+    }
+    hw_name = "h100-80g";
+  }
+  std::string info;
+  auto warnings = layout_check_warnings(cfg, grid, load_hardware(hw_name), ranks_per_node, &info);
+  for (const std::string& w : warnings) spdlog::warn("{}", w);
+  if (warnings.empty() && !info.empty()) spdlog::info("{}", info);
+}
+
+}  // namespace
+
+void log_layout_checks(const Config& cfg, const GridLayout& grid, int ranks_per_node) {
+  // Only the logging rank runs this, so nothing here may stop the job: a bad hardware file is a warning.
+  try {
+    layout_checks(cfg, grid, ranks_per_node);
+  } catch (const std::exception& e) {
+    spdlog::warn("layout check skipped: {}", e.what());
+  }
+}
+
+// ---- CPU probe ----
+
+HardwareSpec probe_cpu(int threads, int devices_per_node) {
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  auto be = make_backend("cpu");
+  HardwareSpec hw;
+  hw.name = "cpu-probe";
+  hw.description = fmt::format("this machine's CPU backend, {} thread(s) per device (measured by gpt-train plan --probe)",
+                               threads);
+  hw.devices_per_node = devices_per_node;
+  hw.peak_tflops_fp32 = gemm_rate(*be, DType::F32) / 1e12;
+  hw.peak_tflops_16bit = gemm_rate(*be, DType::BF16) / 1e12;
+  hw.matmul_efficiency = 1.0;  // the measured rates are what GEMMs achieve
+  {
+    // Attention core forward + backward at config M's shape (heads of 64, seq 256).
+    const int64_t B = 1, T = 256, H = 6, D = 64;
+    Tensor qkv = random_tensor(*be, {B * T, 3 * H * D}, DType::F32), out = be->empty({B * T, H * D});
+    Tensor probs = be->empty({B, H, T, T}), dout = random_tensor(*be, {B * T, H * D}, DType::F32);
+    Tensor dqkv = be->empty({B * T, 3 * H * D});
+    double t = best_seconds(8, [&] {
+      be->attention_forward(qkv, B, T, H, D, out, probs);
+      be->attention_backward(dout, qkv, probs, B, T, H, D, dqkv);
+    });
+    hw.attention_efficiency = std::min(2.0, 3 * 4.0 * B * T * T * H * D / t / (hw.peak_tflops_fp32 * 1e12));
+  }
+  {
+    // The memory-bound kernels of one block, forward and backward (2 layernorms, 2 residual adds and
+    // their accumulates, GELU), at config M's shape; the bandwidth is the bytes the time model charges
+    // for them (planner.cpp: 10X + 2F forward, twice that backward) over the time they really take.
+    const int64_t N = 2048, C = 384;
+    Tensor x = random_tensor(*be, {N, C}, DType::F32), y = be->empty({N, C}), dy = random_tensor(*be, {N, C}, DType::F32);
+    Tensor gamma = random_tensor(*be, {C}, DType::F32, 1.f), beta = be->zeros({C}), dgamma = be->zeros({C}),
+           dbeta = be->zeros({C}), mean = be->empty({N}), rstd = be->empty({N}), dx = be->empty({N, C});
+    Tensor f = random_tensor(*be, {N, 4 * C}, DType::F32), g = be->empty({N, 4 * C}),
+           df = random_tensor(*be, {N, 4 * C}, DType::F32), dg = be->empty({N, 4 * C});
+    double t = best_seconds(8, [&] {
+      for (int i = 0; i < 2; ++i) {
+        be->layernorm_forward(x, gamma, beta, y, mean, rstd, 1e-5f);
+        be->layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+        be->add(x, y, dx);
+        be->accumulate(dy, dx);
+      }
+      be->gelu_forward(f, g);
+      be->gelu_backward(df, f, dg);
+    });
+    const double X = N * C * 4.0, F = N * 4 * C * 4.0;
+    hw.memory_bandwidth_gbs = (30 * X + 6 * F) / t / 1e9;
+    hw.memory_efficiency = 1.0;
+  }
+  {
+    // Shared-memory MPI moves a message with two copies through a shared segment.
+    const int64_t n = int64_t(1) << 24;
+    Tensor a = random_tensor(*be, {n}, DType::F32), b = be->empty({n});
+    double t = best_seconds(8, [&] { be->copy(a, b); });
+    hw.intra_node_bandwidth_gbs = n * 4.0 / t / 2 / 1e9;
+    hw.intra_node_efficiency = 1.0;
+    hw.intra_node_latency_us = 2;
+    hw.inter_node_bandwidth_gbs = hw.intra_node_bandwidth_gbs;  // one node: never used
+    hw.inter_node_efficiency = 1.0;
+    hw.inter_node_latency_us = 2;
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (meminfo >> key >> kb)
+    if (key == "MemTotal:") break;
+  hw.memory_gib = kb > 0 ? kb / 1024.0 / 1024.0 / devices_per_node : 1;
+  hw.memory_reserved_gib = std::min(1.0, hw.memory_gib / 4);
+  hw.validate();
+  return hw;
+}
+
+// ---- the subcommand ----
+
+int plan_main(const ParsedArgs& args) {
+  args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
+                      "p2p-buffers", "probe", "threads"});
+  try {
+    if (args.has("probe")) {
+      const std::string out = args.get("probe");
+      if (out.empty()) throw std::runtime_error("--probe needs the file to write");
+      const int threads = static_cast<int>(args.get_int("threads", omp_get_max_threads()));
+      const int per_node = static_cast<int>(args.get_int("gpus-per-node", 1));
+      HardwareSpec hw = probe_cpu(threads, per_node);
+      std::ofstream f(out);
+      f << "# Written by 'gpt-train plan --probe': this machine's CPU backend as a planner hardware description.\n"
+        << hardware_to_yaml(hw);
+      if (!f) throw std::runtime_error("cannot write " + out);
+      std::cout << hardware_to_yaml(hw);
+      return 0;
+    }
+    if (args.config.empty()) throw std::runtime_error("--config FILE is required");
+    if (!args.has("gpus")) throw std::runtime_error("--gpus N is required");
+    Config cfg = load_config(args.config, args.sets);
+    const int gpus = static_cast<int>(args.get_int("gpus", 1));
+    if (gpus < 1) throw std::runtime_error("--gpus must be at least 1");
+    HardwareSpec hw = load_hardware(args.get("hardware", "h100-80g"));
+    PlanOptions o = options_from(cfg, gpus, static_cast<int>(args.get_int("gpus-per-node", 0)));
+    const std::string rc = args.get("recompute", "all");
+    if (rc != "all") o.recompute = parse_recompute(rc);
+    const std::string dist = args.get("distributed-optimizer", "all");
+    if (dist == "on" || dist == "off") o.distributed_optimizer = dist == "on";
+    else if (dist != "all") throw std::runtime_error("--distributed-optimizer: expected on, off or all, got '" + dist + "'");
+    const std::string buffers = args.get("p2p-buffers", "kept");
+    if (buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
+    else if (buffers != "kept") throw std::runtime_error("--p2p-buffers: expected kept or freed, got '" + buffers + "'");
+    const ModelDims m = model_dims_from_config(cfg);
+    Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
+    if (args.get_bool("json", false))
+      print_json(plan, m, cfg.training.global_batch_size);
+    else
+      print_plan(plan, cfg, m, static_cast<int>(args.get_int("top", 20)));
+    return 0;
+  } catch (const CliError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::cerr << "gpt-train plan: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace gpt

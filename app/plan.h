@@ -1,0 +1,44 @@
+// `gpt-train plan`: which layout to run a config on N devices. Loads the config and a hardware
+// description (a built-in name or a YAML file, configs/hardware/*.yaml), asks the planner
+// (parallel/planner.h) for every valid layout ranked by predicted step time, and prints them with their
+// memory per device and time breakdown (or all of them as JSON). `--probe FILE` measures this machine's
+// CPU backend instead and writes a hardware file the planner can use. Also here: the start-up checks of
+// train/eval (the memory prediction of the chosen layout, and a warning when the planner finds a layout
+// predicted to be much faster).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "app/cli.h"
+#include "parallel/planner.h"
+
+namespace gpt {
+
+struct Config;
+class GridLayout;
+
+int plan_main(const ParsedArgs& args);
+
+// A built-in name (a100-80g, h100-80g, h200) or the path of a YAML hardware file. Throws
+// std::runtime_error naming the file and key on a bad file, or listing the built-ins for an unknown name.
+HardwareSpec load_hardware(const std::string& name_or_file);
+// The same from YAML text; `source` names it in errors.
+HardwareSpec hardware_from_yaml(const std::string& yaml, const std::string& source);
+// Every field as YAML, loadable by hardware_from_yaml.
+std::string hardware_to_yaml(const HardwareSpec& hw);
+
+// Start-up checks for the trainer, logged by the caller's rank: the predicted memory per rank of this
+// layout, and, with a hardware description (logging.hardware; h100-80g by default on cuda; skipped with
+// a note on cpu without one), a warning when the planner predicts another layout to be more than 25%
+// faster, naming it. `ranks_per_node` is the launch's (0: the hardware's).
+void log_layout_checks(const Config& cfg, const GridLayout& layout, int ranks_per_node = 0);
+// The check itself: warnings (does not fit; predicted > 25% slower than the best layout, named) and, in
+// *info when given, the one-line verdict otherwise.
+std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayout& layout, const HardwareSpec& hw,
+                                               int ranks_per_node = 0, std::string* info = nullptr);
+
+// Measures this machine's CPU backend with `threads` threads per device and returns the description
+// (GEMM, attention and memory-bound rates; memcpy as the intra-node link).
+HardwareSpec probe_cpu(int threads, int devices_per_node);
+
+}  // namespace gpt

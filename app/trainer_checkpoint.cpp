@@ -1,0 +1,91 @@
+// The trainer's side of checkpointing: describes this rank's model to the distributed checkpoint
+// (parallel/checkpoint.h), and restores the scalars that make a resumed run continue exactly where the
+// saved one stopped. Initialisation is counter-based and the data order depends only on the consumed
+// samples, so weights, master weights, Adam moments and step count, the iteration (which fixes the LR
+// schedule), consumed samples and the loss-scaler state are the whole training state.
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+#include "app/trainer.h"
+#include "parallel/checkpoint.h"
+#include "parallel/data_parallel.h"
+
+namespace gpt {
+
+namespace {
+
+CheckpointModel checkpoint_model(Trainer& t) {
+  CheckpointModel m;
+  m.ps = &t.parallel_state();
+  m.backend = &t.backend();
+  m.chunks = t.chunks();
+  m.optimizer = &t.optimizer();
+  m.dtype = t.config().precision.dtype;
+  m.virtual_pipeline = t.config().parallel.virtual_pipeline;
+  m.vocab_size = t.spec().vocab_size;
+  m.padded_vocab = t.spec().padded_vocab;
+  m.config_yaml = dump_config(t.config());
+  // Every global tensor with its global shape: a full single-rank description (no memory is allocated).
+  ModelSpec full = t.spec();
+  full.tp_size = 1;
+  full.tp_rank = 0;
+  ModelChunk whole(full, 0, full.num_layers, true, true);
+  for (auto& p : whole.params().params())
+    if (!p->tied_copy) m.global_shapes[p->name] = p->global_shape;
+  return m;
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint() {
+  if (cfg_.checkpoint.dir.empty())
+    throw ConfigError("config " + cfg_.source + ": checkpoint.dir is empty, so there is nowhere to save a checkpoint");
+  CheckpointProgress progress{iteration_, consumed_, optimizer_->adam().steps_taken(), cfg_.training.seed,
+                              scaler_.dynamic(), scaler_.state()};
+  CheckpointSaveReport r =
+      save_distributed_checkpoint(cfg_.checkpoint.dir, checkpoint_model(*this), progress, cfg_.checkpoint.keep_last);
+  if (ps_.rank == 0)
+    spdlog::info("saved checkpoint {} at iteration {}: {} bytes in {:.3f} s ({:.1f} MB/s)", r.path, iteration_,
+                 r.bytes, r.seconds, r.bytes / 1e6 / std::max(r.seconds, 1e-9));
+}
+
+bool Trainer::resume() {
+  resume_attempted_ = true;
+  if (cfg_.checkpoint.dir.empty() && cfg_.checkpoint.load.empty()) return false;
+  CheckpointModel model = checkpoint_model(*this);
+  // The run's own checkpoints come first: a restart after a failure continues from its latest save even
+  // when checkpoint.load names where the run started (a pretrained model, say). checkpoint.load must
+  // then hold a checkpoint.
+  std::optional<CheckpointLoadReport> r;
+  if (!cfg_.checkpoint.dir.empty()) r = load_distributed_checkpoint(cfg_.checkpoint.dir, false, model);
+  if (r && !cfg_.checkpoint.load.empty() && ps_.rank == 0)
+    spdlog::info("checkpoint.dir {} has a checkpoint: resuming it rather than checkpoint.load {}",
+                 cfg_.checkpoint.dir, cfg_.checkpoint.load);
+  if (!r && !cfg_.checkpoint.load.empty()) r = load_distributed_checkpoint(cfg_.checkpoint.load, true, model);
+  if (!r) {
+    if (ps_.rank == 0) spdlog::info("no checkpoint in {}: starting from iteration 0", cfg_.checkpoint.dir);
+    return false;
+  }
+  const CheckpointMeta& meta = r->meta;
+  set_progress(meta.iteration, meta.consumed_samples);
+  optimizer_->adam().set_steps_taken(meta.optimizer_steps);
+  // The scaler state belongs to fp16's dynamic scaler; other dtypes keep their constant scale.
+  if (scaler_.dynamic() && meta.loss_scaler_dynamic) scaler_.set_state(meta.loss_scaler);
+  if (ps_.rank == 0) {
+    const SavedLayout& l = meta.layout;
+    spdlog::info("loaded checkpoint {} (iteration {}, {} consumed samples, saved at tp={} pp={} vpp={} dp={}{} in {}):"
+                 " {} bytes in {:.3f} s ({:.1f} MB/s)",
+                 r->path, meta.iteration, meta.consumed_samples, l.tensor, l.pipeline, l.virtual_pipeline, l.data,
+                 l.distributed_optimizer ? " zero1" : "", meta.dtype, r->bytes_read, r->seconds,
+                 r->bytes_read / 1e6 / std::max(r->seconds, 1e-9));
+    if (meta.rng_seed != cfg_.training.seed)
+      spdlog::warn("training.seed {} differs from the checkpoint's {}: the remaining samples come in another order",
+                   cfg_.training.seed, meta.rng_seed);
+    for (const std::string& d : config_differences(meta.config_yaml, model.config_yaml))
+      if (d.rfind("checkpoint.", 0) != 0) spdlog::info("  config differs from the checkpoint's: {}", d);
+  }
+  return true;
+}
+
+}  // namespace gpt

@@ -1,0 +1,135 @@
+// CudaBackend: the Backend interface on one NVIDIA GPU. Every op is enqueued on one CUDA stream (the
+// compute stream) and returns without waiting, except the ones that hand a value to the host (download,
+// sum_squares, synchronize). Matrix products go to cuBLAS with fp32 accumulation for F32, BF16 and F16
+// tensors (plain fp32 for F32 unless TF32 is allowed); the rest are small kernels, one per op, each with a
+// comment giving what it computes and its shapes. Memory comes from a caching allocator
+// (cuda_allocator.h), so a training step that repeats the previous step's shapes never calls cudaMalloc.
+// The implementation is split by concern: cuda_backend.cpp (device, stream, handles, host transfers,
+// device-side error reports), cuda_memory.cu (fill, dtype casts), cuda_linear.cpp and cuda_gemm.cpp
+// (cuBLAS), cuda_reduce.cu (column sums, sum of squares), cuda_layernorm.cu, cuda_elementwise.cu (GELU,
+// residual add, scale, AdamW), cuda_embedding.cu, cuda_attention.cu and cuda_cross_entropy.cu.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "model/ops/backend.h"
+
+namespace gpt {
+
+// A problem a kernel found in its inputs (an out-of-range target, a negative token id). Kernels cannot
+// throw, so they record the first problem in a small device buffer and the host raises it at its next
+// synchronisation point (download, synchronize).
+struct DeviceErrorReport {
+  int code;     // 0: none; see cuda_backend.cpp for the others
+  int op;       // which op reported it (index into the op names in cuda_backend.cpp)
+  long long where;  // row or position
+  long long value;  // the offending value
+  long long limit;  // the bound it broke (vocabulary size)
+};
+
+enum class CudaOp : int { CeSumExp = 1, CeBackward = 2, EmbeddingForward = 3, EmbeddingBackward = 4 };
+enum class DeviceError : int { None = 0, TargetOutOfVocabulary = 1, NegativeTokenId = 2 };
+
+class CudaBackend final : public Backend {
+ public:
+  // Selects device `device_index`, creates the compute stream and the cuBLAS handle. `allow_tf32` lets
+  // F32 products use TF32 tensor cores (faster, about 1e-3 relative error instead of 1e-6).
+  CudaBackend(int device_index, bool allow_tf32);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::CUDA; }
+
+  Tensor empty(const Shape& shape, DType dtype = DType::F32) override;
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void upload(const float* host, Tensor& dst) override;
+  void download(const Tensor& src, float* host) override;
+  void upload_i32(const int32_t* host, Tensor& dst) override;
+  void download_i32(const Tensor& src, int32_t* host) override;
+  size_t memory_in_use() const override;
+  size_t memory_peak() const override;
+  void reset_memory_peak() override;
+  void synchronize() override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
+  void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
+                       Tensor* db) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
+                         Tensor& rstd, float eps) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+
+  void gelu_forward(const Tensor& x, Tensor& y) override;
+  void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void accumulate(const Tensor& src, Tensor& dst) override;
+  void scale(Tensor& t, float alpha) override;
+
+  void embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) override;
+  void embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) override;
+  void add_positions(const Tensor& pos_table, int64_t T, Tensor& out) override;
+  void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) override;
+
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
+                         Tensor& probs) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
+                          int64_t H, int64_t D, Tensor& dqkv) override;
+
+  void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
+  void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
+                  int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) override;
+  void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,
+                   int64_t vocab_start, int64_t vocab_size, float grad_scale, Tensor& dlogits) override;
+
+  double sum_squares(const Tensor& t) override;
+  void adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int64_t step) override;
+
+  // ---- for the NCCL communicator, tests and the rest of the backend ----
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_; }
+  // cudaMalloc calls made by the caching allocator so far (a repeated training step adds none).
+  int64_t device_allocations() const;
+  // Bytes held from the driver: in use plus cached for reuse.
+  size_t memory_reserved() const;
+  // Waits for the compute stream, then raises (and clears) a problem a kernel recorded.
+  void raise_device_errors();
+
+  // Row-major products with fp32 accumulation, see cuda_gemm.cpp:
+  // C[batch][m, n] = alpha * op(A)[m, k] . op(B)[k, n] + beta * C, A and B of dtype ab, C of dtype c.
+  struct GemmArgs {
+    bool trans_a = false, trans_b = false;
+    int64_t m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    int64_t lda = 0, stride_a = 0;
+    const void* b = nullptr;
+    int64_t ldb = 0, stride_b = 0;
+    void* c = nullptr;
+    int64_t ldc = 0, stride_c = 0;
+    DType ab = DType::F32, c_dtype = DType::F32;
+    float alpha = 1.f, beta = 0.f;
+    int64_t batch = 1;
+  };
+  void gemm(const GemmArgs& g, const char* op);
+  // `t` itself when it already has `dtype`, else a converted copy (enqueued on the stream).
+  Tensor as_dtype(const Tensor& t, DType dtype);
+  // Device pointer to the error report kernels write into.
+  DeviceErrorReport* device_error_report() const { return error_device_; }
+
+ private:
+  int device_ = 0;
+  bool allow_tf32_ = false;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceErrorReport* error_device_ = nullptr;  // written by kernels, read by raise_device_errors
+};
+
+}  // namespace gpt

@@ -1,0 +1,71 @@
+// Host-side checks shared by the CUDA backend's files: CUDA and cuBLAS status codes turned into
+// std::runtime_error naming the op and the library's own message, and argument checks that throw
+// "CudaBackend::<op>: <message>" like the CPU backend's. Tensors handed to the backend must live on the
+// GPU; a host tensor passed by mistake is reported rather than dereferenced.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "model/tensor.h"
+
+namespace gpt::cuda {
+
+inline void check_cuda(cudaError_t err, const char* op, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("CudaBackend::") + op + ": " + what + " failed: " +
+                             cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+  }
+}
+
+const char* cublas_status_name(cublasStatus_t s);
+
+inline void check_cublas(cublasStatus_t s, const char* op, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("CudaBackend::") + op + ": " + what + " failed: " + cublas_status_name(s));
+}
+
+// Checks for an error from the kernel launch just made (bad configuration, missing kernel image).
+inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
+
+inline void require(bool ok, const char* op, const std::string& message) {
+  if (!ok) throw std::runtime_error(std::string("CudaBackend::") + op + ": " + message);
+}
+
+inline bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+inline std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
+
+inline void require_device(const Tensor& t, const char* op, const char* arg) {
+  require(t.defined(), op, std::string(arg) + " is an undefined tensor");
+  require(t.device() == Device::CUDA, op, std::string(arg) + " does not live in GPU memory");
+}
+
+inline void require_float(const Tensor& t, const char* op, const char* arg) {
+  require_device(t, op, arg);
+  require(is_float(t.dtype()), op, std::string(arg) + " must be a float tensor, got " + describe(t));
+}
+
+inline void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) {
+  require_device(t, op, arg);
+  require(t.dtype() == dtype, op, std::string(arg) + " must be " + dtype_name(dtype) + ", got " + describe(t));
+}
+
+inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) {
+  require(t.numel() == numel, op,
+          std::string(arg) + " is " + describe(t) + " but " + what + " (" + std::to_string(numel) +
+              " elements) is required");
+}
+
+// Grid size for a grid-stride loop over n items with `threads` per block: enough blocks to fill the GPU
+// several times over, never more than the items need.
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 8) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace gpt::cuda

@@ -1,0 +1,157 @@
+// Element-wise kernels of the CUDA backend, one grid-stride loop each over the flat elements, computing in
+// fp32 whatever the tensors' dtypes: tanh-approximated GELU and its derivative, the residual add and
+// accumulate, in-place scaling, and the fused AdamW update (moments, bias correction, decoupled weight
+// decay and the weight update in one pass over fp32 master weights).
+#include <cmath>
+
+#include "model/ops/cuda/cuda_backend.h"
+#include "model/ops/cuda/cuda_check.h"
+#include "model/ops/cuda/cuda_half.cuh"
+
+namespace gpt {
+
+using namespace cuda;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// y = 0.5 x (1 + tanh(k (x + c x^3))).
+__global__ void gelu_forward_kernel(const void* x, DType xd, void* y, DType yd, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = load_as_f32(x, xd, i);
+    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+    store_from_f32(y, yd, i, 0.5f * v * (1.f + t));
+  }
+}
+
+// dx = dy * gelu'(x).
+__global__ void gelu_backward_kernel(const void* dy, DType dyd, const void* x, DType xd, void* dx, DType dxd,
+                                     int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = load_as_f32(x, xd, i);
+    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+    const float dinner = kGeluK * (1.f + 3.f * kGeluC * v * v);
+    const float g = 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * dinner;
+    store_from_f32(dx, dxd, i, load_as_f32(dy, dyd, i) * g);
+  }
+}
+
+// out = a + b.
+__global__ void add_kernel(const void* a, DType ad, const void* b, DType bd, void* out, DType od, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(out, od, i, load_as_f32(a, ad, i) + load_as_f32(b, bd, i));
+}
+
+// t *= alpha.
+__global__ void scale_kernel(void* t, DType td, float alpha, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(t, td, i, load_as_f32(t, td, i) * alpha);
+}
+
+// AdamW on fp32 w, g, m, v (see Backend::adamw_step); inv_bc1/2 = 1 / (1 - beta^step).
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, float lr, float beta1, float beta2,
+                             float eps, float weight_decay, float inv_bc1, float inv_bc2, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float gi = g[i];
+    const float mi = beta1 * m[i] + (1.f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float update = (mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + weight_decay * w[i];
+    w[i] -= lr * update;
+  }
+}
+
+void require_same_numel(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
+  require(a.numel() == b.numel(), op,
+          std::string(an) + " " + describe(a) + " and " + bn + " " + describe(b) + " differ in element count");
+}
+
+}  // namespace
+
+void CudaBackend::gelu_forward(const Tensor& x, Tensor& y) {
+  const char* op = "gelu_forward";
+  require_float(x, op, "x");
+  require_float(y, op, "y");
+  require_same_numel(x, y, op, "x", "y");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  gelu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(x.raw(), x.dtype(), y.raw(), y.dtype(), n);
+  check_launch(op);
+}
+
+void CudaBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const char* op = "gelu_backward";
+  require_float(x, op, "x");
+  require_float(dy, op, "dy");
+  require_float(dx, op, "dx");
+  require_same_numel(x, dy, op, "x", "dy");
+  require_same_numel(x, dx, op, "x", "dx");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(dy.raw(), dy.dtype(), x.raw(), x.dtype(),
+                                                                        dx.raw(), dx.dtype(), n);
+  check_launch(op);
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const char* op = "add";
+  require_float(a, op, "a");
+  require_float(b, op, "b");
+  require_float(out, op, "out");
+  require_same_numel(a, b, op, "a", "b");
+  require_same_numel(a, out, op, "a", "out");
+  const int64_t n = a.numel();
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(a.raw(), a.dtype(), b.raw(), b.dtype(), out.raw(),
+                                                              out.dtype(), n);
+  check_launch(op);
+}
+
+void CudaBackend::accumulate(const Tensor& src, Tensor& dst) {
+  const char* op = "accumulate";
+  require_float(src, op, "src");
+  require_float(dst, op, "dst");
+  require_same_numel(src, dst, op, "src", "dst");
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(dst.raw(), dst.dtype(), src.raw(), src.dtype(),
+                                                              dst.raw(), dst.dtype(), n);
+  check_launch(op);
+}
+
+void CudaBackend::scale(Tensor& t, float alpha) {
+  require_float(t, "scale", "t");
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(t.raw(), t.dtype(), alpha, n);
+  check_launch("scale");
+}
+
+void CudaBackend::adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
+                             float eps, float weight_decay, int64_t step) {
+  const char* op = "adamw_step";
+  require_dtype(w, DType::F32, op, "w (fp32 master weights)");
+  require_dtype(g, DType::F32, op, "g");
+  require_dtype(m, DType::F32, op, "m");
+  require_dtype(v, DType::F32, op, "v");
+  const std::string wshape = "w's shape " + shape_str(w.shape());
+  require_numel(g, w.numel(), op, "g", wshape);
+  require_numel(m, w.numel(), op, "m", wshape);
+  require_numel(v, w.numel(), op, "v", wshape);
+  require(step >= 1, op, "step is 1-based, got " + std::to_string(step));
+  // Bias corrections in double, as the CPU backend computes them.
+  const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), step)));
+  const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), step)));
+  const int64_t n = w.numel();
+  if (n == 0) return;
+  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(w.f32(), g.f32(), m.f32(), v.f32(), lr, beta1, beta2,
+                                                                eps, weight_decay, inv_bc1, inv_bc2, n);
+  check_launch(op);
+}
+
+}  // namespace gpt

@@ -1,0 +1,141 @@
+// Token and learned-position embeddings on the GPU. The token table may be one vocab-parallel shard: ids
+// outside [vocab_start, vocab_start + rows) give zero rows and receive no gradient. The token gradient is
+// scattered with fp32 atomicAdd (repeated ids in a batch add into the same row, so their order varies
+// from run to run in the last bits); the position gradient sums the B sequences per position in order.
+// Negative ids are reported through the device error report (raised at the next synchronisation).
+#include "model/ops/cuda/cuda_backend.h"
+#include "model/ops/cuda/cuda_check.h"
+#include "model/ops/cuda/cuda_device_error.cuh"
+#include "model/ops/cuda/cuda_half.cuh"
+
+namespace gpt {
+
+using namespace cuda;
+
+namespace {
+
+constexpr int kThreads = 256;
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// out[n, c] = table[ids[n] - vocab_start, c], or 0 outside the shard. out is [N, C].
+__global__ void embedding_forward_kernel(const int32_t* ids, const void* table, DType td, int64_t rows,
+                                         int64_t vocab_start, void* out, DType od, int64_t N, int64_t C,
+                                         DeviceErrorReport* report) {
+  GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C;
+    const int32_t id = ids[n];
+    if (id < 0 && c == 0) report_device_error(report, DeviceError::NegativeTokenId, CudaOp::EmbeddingForward, n, id, 0);
+    const int64_t local = static_cast<int64_t>(id) - vocab_start;
+    const float v = (id >= 0 && local >= 0 && local < rows) ? load_as_f32(table, td, local * C + c) : 0.f;
+    store_from_f32(out, od, i, v);
+  }
+}
+
+// dtable[ids[n] - vocab_start, c] += dout[n, c] for ids inside the shard; dtable fp32.
+__global__ void embedding_backward_kernel(const int32_t* ids, const void* dout, DType dd, int64_t rows,
+                                          int64_t vocab_start, float* dtable, int64_t N, int64_t C,
+                                          DeviceErrorReport* report) {
+  GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i % C;
+    const int32_t id = ids[n];
+    if (id < 0) {
+      if (c == 0) report_device_error(report, DeviceError::NegativeTokenId, CudaOp::EmbeddingBackward, n, id, 0);
+      continue;
+    }
+    const int64_t local = static_cast<int64_t>(id) - vocab_start;
+    if (local >= 0 && local < rows) atomicAdd(dtable + local * C + c, load_as_f32(dout, dd, i));
+  }
+}
+
+// out[b * T + t, c] += pos[t, c]; out is [B * T, C].
+__global__ void add_positions_kernel(const void* pos, DType pd, int64_t T, void* out, DType od, int64_t rows,
+                                     int64_t C) {
+  GRID_STRIDE(i, rows * C) {
+    const int64_t r = i / C, c = i % C;
+    store_from_f32(out, od, i, load_as_f32(out, od, i) + load_as_f32(pos, pd, (r % T) * C + c));
+  }
+}
+
+// dpos[t, c] += sum over b in order of dout[b * T + t, c]; one thread per (t, c).
+__global__ void add_positions_backward_kernel(const void* dout, DType dd, int64_t B, int64_t T, void* dpos, DType pd,
+                                              int64_t C) {
+  GRID_STRIDE(i, T * C) {
+    const int64_t t = i / C, c = i % C;
+    float s = 0.f;
+    for (int64_t b = 0; b < B; ++b) s += load_as_f32(dout, dd, (b * T + t) * C + c);
+    store_from_f32(dpos, pd, i, load_as_f32(dpos, pd, i) + s);
+  }
+}
+
+void require_table(const Tensor& table, const char* op, const char* arg) {
+  require_float(table, op, arg);
+  require(table.ndim() == 2, op, std::string(arg) + " must be [rows, C], got " + describe(table));
+}
+
+int64_t sequences(const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg) {
+  require(T > 0 && C > 0 && act.numel() % (T * C) == 0, op,
+          std::string(arg) + " " + describe(act) + " is not a whole number of sequences of T=" + std::to_string(T) +
+              " rows of width " + std::to_string(C));
+  return act.numel() / (T * C);
+}
+
+}  // namespace
+
+void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) {
+  const char* op = "embedding_forward";
+  require_dtype(ids, DType::I32, op, "ids");
+  require_table(table, op, "table");
+  require_float(out, op, "out");
+  const int64_t N = ids.numel(), rows = table.dim(0), C = table.dim(1);
+  require_numel(out, N * C, op, "out", shape_str({N, C}));
+  if (N * C == 0) return;
+  embedding_forward_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream_>>>(
+      ids.i32(), table.raw(), table.dtype(), rows, vocab_start, out.raw(), out.dtype(), N, C, error_device_);
+  check_launch(op);
+}
+
+void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) {
+  const char* op = "embedding_backward";
+  require_dtype(ids, DType::I32, op, "ids");
+  require_table(dtable, op, "dtable");
+  require_float(dout, op, "dout");
+  const int64_t N = ids.numel(), rows = dtable.dim(0), C = dtable.dim(1);
+  require_numel(dout, N * C, op, "dout", shape_str({N, C}));
+  if (N * C == 0) return;
+  // Atomics need fp32; a 16-bit gradient table (not used by the model) goes through an fp32 copy.
+  Tensor acc = as_dtype(dtable, DType::F32);
+  embedding_backward_kernel<<<grid_for(N * C, kThreads), kThreads, 0, stream_>>>(
+      ids.i32(), dout.raw(), dout.dtype(), rows, vocab_start, acc.f32(), N, C, error_device_);
+  check_launch(op);
+  if (acc.raw() != dtable.raw()) copy(acc, dtable);
+}
+
+void CudaBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
+  const char* op = "add_positions";
+  require_table(pos_table, op, "pos_table");
+  const int64_t C = pos_table.dim(1);
+  require(T <= pos_table.dim(0), op,
+          "sequence length " + std::to_string(T) + " exceeds the position table " + describe(pos_table));
+  require_float(out, op, "out");
+  const int64_t B = sequences(out, T, C, op, "out");
+  if (B == 0) return;
+  add_positions_kernel<<<grid_for(B * T * C, kThreads), kThreads, 0, stream_>>>(pos_table.raw(), pos_table.dtype(), T,
+                                                                                out.raw(), out.dtype(), B * T, C);
+  check_launch(op);
+}
+
+void CudaBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
+  const char* op = "add_positions_backward";
+  require_table(dpos, op, "dpos");
+  const int64_t C = dpos.dim(1);
+  require(T <= dpos.dim(0), op, "sequence length " + std::to_string(T) + " exceeds the position table " + describe(dpos));
+  require_float(dout, op, "dout");
+  const int64_t B = sequences(dout, T, C, op, "dout");
+  add_positions_backward_kernel<<<grid_for(T * C, kThreads), kThreads, 0, stream_>>>(dout.raw(), dout.dtype(), B, T,
+                                                                                     dpos.raw(), dpos.dtype(), C);
+  check_launch(op);
+}
+
+}  // namespace gpt

@@ -1,0 +1,98 @@
+// bf16 / fp16 <-> fp32 conversions usable in kernels and on the host, bit for bit the same as
+// model/ops/half.h (round-to-nearest-even, NaN quietened with sign and top payload bits kept, fp16
+// overflow to +-inf, fp16 subnormals rounded by hand), so a tensor cast on the GPU holds exactly the bits
+// the CPU backend would produce. The hardware converters round the same way but canonicalise NaNs, hence
+// the integer versions here. Also: reading and writing one element of a float tensor of any dtype as fp32.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "model/tensor.h"
+
+namespace gpt::cuda {
+
+__host__ __device__ inline uint32_t float_bits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+__host__ __device__ inline float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+__host__ __device__ inline float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+__host__ __device__ inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN: keep it NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round half to even; a carry into the exponent is correct
+  return static_cast<uint16_t>(u >> 16);
+}
+
+__host__ __device__ inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));  // Inf / NaN
+  if (exp == 0) {
+    const float mag = static_cast<float>(mant) * 5.9604644775390625e-8f;  // subnormal: mant * 2^-24, exact
+    return bits_float(sign | float_bits(mag));
+  }
+  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+__host__ __device__ inline uint16_t f32_to_f16(float f) {
+  const uint32_t x = float_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((ax >> 13) & 0x3ffu);  // quiet NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and above round to Inf
+  if (ax < 0x38800000u) {
+    // Below the smallest normal fp16: mant * 2^-24 with the rounding done by hand.
+    const int biased = static_cast<int>(ax >> 23);
+    const int shift = 126 - biased;
+    if (shift > 24) return sign;
+    const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
+    return sign | static_cast<uint16_t>(q);
+  }
+  ax += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + ((ax >> 13) & 1u);
+  return sign | static_cast<uint16_t>(ax >> 13);
+}
+
+// Element i of a float tensor's memory, as fp32. The dtype is the same for every thread of a launch, so
+// the switch never diverges.
+__host__ __device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// Stores fp32 `v` into element i, rounded to the tensor's dtype.
+__host__ __device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+}  // namespace gpt::cuda

@@ -1,0 +1,177 @@
+// LayerNorm over the last dimension on the GPU. Forward and the input gradient use one warp per row
+// (mean, then variance around it, then the normalised output; statistics in fp32):
+//   y = (x - mean) * rstd * gamma + beta,
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma, xhat = (x - mean) * rstd.
+// The gamma and beta gradients are column sums over rows, taken like the bias gradient: fp32 partial sums
+// per chunk of 64 rows, then added chunk by chunk in order (reproducible, no atomics).
+#include "model/ops/cuda/cuda_backend.h"
+#include "model/ops/cuda/cuda_check.h"
+#include "model/ops/cuda/cuda_half.cuh"
+#include "model/ops/cuda/cuda_launch.h"
+#include "model/ops/cuda/cuda_reduce.cuh"
+
+namespace gpt {
+
+using namespace cuda;
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp per row
+
+struct LnTensors {
+  const void* x;
+  DType xd;
+  const void* gamma;
+  DType gd;
+};
+
+// Rows of x [N, C] -> y, mean[N], rstd[N]. Block = 8 warps, one row each.
+__global__ void layernorm_forward_kernel(LnTensors in, const void* beta, DType bd, void* y, DType yd, float* mean,
+                                         float* rstd, int64_t N, int64_t C, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;  // the whole warp leaves together
+  const int64_t base = row * C;
+  float s = 0.f;
+  for (int64_t c = lane; c < C; c += 32) s += load_as_f32(in.x, in.xd, base + c);
+  const float mu = warp_sum(s) / static_cast<float>(C);
+  float q = 0.f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float d = load_as_f32(in.x, in.xd, base + c) - mu;
+    q += d * d;
+  }
+  const float rs = 1.f / sqrtf(warp_sum(q) / static_cast<float>(C) + eps);
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = (load_as_f32(in.x, in.xd, base + c) - mu) * rs;
+    store_from_f32(y, yd, base + c, xhat * load_as_f32(in.gamma, in.gd, c) + load_as_f32(beta, bd, c));
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// dx for each row; same block shape as the forward.
+__global__ void layernorm_dx_kernel(LnTensors in, const void* dy, DType dyd, const float* mean, const float* rstd,
+                                    void* dx, DType dxd, int64_t N, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const int64_t base = row * C;
+  const float mu = mean[row], rs = rstd[row];
+  float sum_g = 0.f, sum_gx = 0.f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = (load_as_f32(in.x, in.xd, base + c) - mu) * rs;
+    const float g = load_as_f32(dy, dyd, base + c) * load_as_f32(in.gamma, in.gd, c);
+    sum_g += g;
+    sum_gx += g * xhat;
+  }
+  const float mean_g = warp_sum(sum_g) / static_cast<float>(C);
+  const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = (load_as_f32(in.x, in.xd, base + c) - mu) * rs;
+    const float g = load_as_f32(dy, dyd, base + c) * load_as_f32(in.gamma, in.gd, c);
+    store_from_f32(dx, dxd, base + c, rs * (g - mean_g - xhat * mean_gx));
+  }
+}
+
+// Per chunk k of 64 rows: pg[k, c] = sum dy * xhat, pb[k, c] = sum dy. Grid (ceil(C / 32), chunks),
+// block (32, 8).
+__global__ void layernorm_param_partials_kernel(const void* x, DType xd, const void* dy, DType dyd, const float* mean,
+                                                const float* rstd, int64_t N, int64_t C, float* pg, float* pb) {
+  __shared__ float acc_g[8][33], acc_b[8][33];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * kColumnSumRowsPerChunk;
+  const int64_t r1 = min(N, r0 + kColumnSumRowsPerChunk);
+  float sg = 0.f, sb = 0.f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      const float d = load_as_f32(dy, dyd, r * C + c);
+      sg += d * (load_as_f32(x, xd, r * C + c) - mean[r]) * rstd[r];
+      sb += d;
+    }
+  }
+  acc_g[threadIdx.y][threadIdx.x] = sg;
+  acc_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tg = 0.f, tb = 0.f;
+    for (int y = 0; y < 8; ++y) {
+      tg += acc_g[y][threadIdx.x];
+      tb += acc_b[y][threadIdx.x];
+    }
+    pg[int64_t(blockIdx.y) * C + c] = tg;
+    pb[int64_t(blockIdx.y) * C + c] = tb;
+  }
+}
+
+int64_t layernorm_rows(const Tensor& x, int64_t C, const char* op) {
+  require_float(x, op, "x");
+  require(C > 0 && x.ndim() >= 1 && x.dim(-1) == C, op,
+          "x " + describe(x) + " does not end in the normalised width " + std::to_string(C));
+  return x.numel() / C;
+}
+
+unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+}  // namespace
+
+void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
+                                    Tensor& rstd, float eps) {
+  const char* op = "layernorm_forward";
+  require_float(gamma, op, "gamma");
+  require_float(beta, op, "beta");
+  const int64_t C = gamma.numel();
+  const int64_t N = layernorm_rows(x, C, op);
+  require_numel(beta, C, op, "beta", "gamma's shape");
+  require_float(y, op, "y");
+  require_numel(y, N * C, op, "y", "x's shape " + shape_str(x.shape()));
+  require_dtype(mean, DType::F32, op, "mean");
+  require_dtype(rstd, DType::F32, op, "rstd");
+  require_numel(mean, N, op, "mean", "one value per row");
+  require_numel(rstd, N, op, "rstd", "one value per row");
+  if (N == 0) return;
+  require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
+  layernorm_forward_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+      {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, beta.raw(), beta.dtype(), y.raw(), y.dtype(), mean.f32(),
+      rstd.f32(), N, C, eps);
+  check_launch(op);
+}
+
+void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                     const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const char* op = "layernorm_backward";
+  require_float(gamma, op, "gamma");
+  const int64_t C = gamma.numel();
+  const int64_t N = layernorm_rows(x, C, op);
+  require_float(dy, op, "dy");
+  require_float(dx, op, "dx");
+  require_float(dgamma, op, "dgamma");
+  require_float(dbeta, op, "dbeta");
+  require_numel(dy, N * C, op, "dy", "x's shape " + shape_str(x.shape()));
+  require_numel(dx, N * C, op, "dx", "x's shape " + shape_str(x.shape()));
+  require_dtype(mean, DType::F32, op, "mean");
+  require_dtype(rstd, DType::F32, op, "rstd");
+  require_numel(mean, N, op, "mean", "one value per row");
+  require_numel(rstd, N, op, "rstd", "one value per row");
+  require_numel(dgamma, C, op, "dgamma", "gamma's shape");
+  require_numel(dbeta, C, op, "dbeta", "gamma's shape");
+  if (N == 0) return;
+  const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
+  layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(in, dy.raw(), dy.dtype(), mean.f32(),
+                                                                         rstd.f32(), dx.raw(), dx.dtype(), N, C);
+  check_launch(op);
+  const int64_t chunks = column_sum_chunks(N);
+  require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");
+  Tensor partials = empty({2, chunks, C});
+  float* pg = partials.f32();
+  float* pb = pg + chunks * C;
+  dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+  layernorm_param_partials_kernel<<<grid, dim3(32, 8), 0, stream_>>>(x.raw(), x.dtype(), dy.raw(), dy.dtype(),
+                                                                     mean.f32(), rstd.f32(), N, C, pg, pb);
+  check_launch(op);
+  add_partial_sums(pg, chunks, C, dgamma.raw(), dgamma.dtype(), stream_);
+  add_partial_sums(pb, chunks, C, dbeta.raw(), dbeta.dtype(), stream_);
+}
+
+}  // namespace gpt

@@ -1,0 +1,307 @@
+// Distributed save and load (see checkpoint.h): who writes which piece, the commit protocol that makes a
+// save atomic, rank 0's validation broadcast, each rank's reads for its own layout, and the error
+// agreement that turns a failure on any rank into the same exception on every rank.
+#include "parallel/checkpoint.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---- text over a communicator (host memory; the world group is MPI or a group of one) ----
+
+Tensor host_words(size_t bytes) {
+  const int64_t words = std::max<int64_t>(1, static_cast<int64_t>((bytes + 3) / 4));
+  auto storage = std::make_shared<Storage>();
+  storage->ptr = ::operator new(static_cast<size_t>(words) * 4);
+  std::memset(storage->ptr, 0, static_cast<size_t>(words) * 4);
+  storage->bytes = static_cast<size_t>(words) * 4;
+  storage->device = Device::CPU;
+  storage->deleter = [](void* p, size_t) { ::operator delete(p); };
+  return Tensor(storage, 0, {words}, DType::I32);
+}
+
+std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& s) {
+  const int n = comm.size();
+  std::vector<double> lengths(n, 0.0);
+  lengths[comm.rank()] = static_cast<double>(s.size());
+  comm.all_reduce_host(lengths.data(), n);
+  size_t longest = 0;
+  for (double l : lengths) longest = std::max(longest, static_cast<size_t>(l));
+  Tensor in = host_words(longest);
+  std::memcpy(in.raw(), s.data(), s.size());
+  Tensor out = host_words(static_cast<size_t>(in.numel()) * 4 * n);
+  comm.all_gather(in, out);
+  std::vector<std::string> all(n);
+  for (int r = 0; r < n; ++r)
+    all[r].assign(static_cast<const char*>(out.raw()) + size_t(r) * in.numel() * 4, static_cast<size_t>(lengths[r]));
+  return all;
+}
+
+std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
+  double length = comm.rank() == root ? static_cast<double>(s.size()) : 0.0;
+  comm.all_reduce_host(&length, 1);
+  Tensor t = host_words(static_cast<size_t>(length));
+  if (comm.rank() == root) std::memcpy(t.raw(), s.data(), s.size());
+  comm.broadcast(t, root);
+  return std::string(static_cast<const char*>(t.raw()), static_cast<size_t>(length));
+}
+
+// Every rank passes its own error ("" when fine); all throw the lowest failing rank's message, or none.
+void agree(Communicator& comm, const std::string& error) {
+  for (const std::string& e : all_gather_strings(comm, error))
+    if (!e.empty()) throw CheckpointError(e);
+}
+
+std::string rank_prefix(const Communicator& comm) {
+  return comm.size() > 1 ? fmt::format("rank {}: ", comm.rank()) : std::string();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The local element range [begin, end) of a parameter that an optimizer segment covers.
+std::pair<int64_t, int64_t> segment_range(const OptimizerSegment& s) {
+  const int64_t begin = s.grad.f32() - s.param->grad.f32();
+  return {begin, begin + s.grad.numel()};
+}
+
+StoredFile write_rank_file(const std::string& path, const CheckpointModel& m, int64_t iteration, bool& wrote) {
+  ParallelState& ps = *m.ps;
+  Backend& be = *m.backend;
+  std::unique_ptr<ShardFileWriter> writer;
+  std::vector<float> host;
+  auto put = [&](const char* kind, const Parameter& p, int64_t begin, int64_t end, const Tensor& t) {
+    if (!writer) writer = std::make_unique<ShardFileWriter>(path, ps.rank, iteration);
+    const float* values = t.device() == Device::CPU && t.dtype() == DType::F32 ? t.f32() : nullptr;
+    if (!values) {  // device memory or a 16-bit dtype: through host fp32 (exact)
+      host.resize(t.numel());
+      be.download(t, host.data());
+      values = host.data();
+    }
+    writer->write(kind, p.name, p.global_shape, p.shard, begin, end, values, t.dtype());
+  };
+  for (OptimizerSegment& s : m.optimizer->adam().segments()) {
+    const Parameter& p = *s.param;
+    if (p.tied_copy) continue;                                 // the word embedding is saved by its owner
+    if (p.tp_replicated && ps.tp_rank() != 0) continue;        // identical on every tp rank
+    if (!m.optimizer->distributed() && ps.dp_rank() != 0) continue;  // replicated over dp
+    auto [begin, end] = segment_range(s);
+    put("model", p, begin, end, s.value);
+    if (s.master.raw() != s.value.raw()) put("master", p, begin, end, s.master);
+    put("adam_m", p, begin, end, s.m);
+    put("adam_v", p, begin, end, s.v);
+  }
+  wrote = writer != nullptr;
+  return writer ? writer->finish() : StoredFile{};
+}
+
+bool compatible_shapes(const std::string& name, const Shape& saved, const Shape& current, int64_t vocab) {
+  if (saved == current) return true;
+  // The padded vocabulary depends on the tensor-parallel degree; only the real rows have to exist.
+  return name == "embedding.word_embeddings.weight" && saved.size() == 2 && current.size() == 2 &&
+         saved[1] == current[1] && saved[0] >= vocab && current[0] >= vocab;
+}
+
+void load_tensors(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m, int64_t& bytes) {
+  CheckpointReader reader(dir, meta);
+  Backend& be = *m.backend;
+  // The fp32 truth is the master copy when one was stored. Values come from the stored compute-dtype
+  // values when the dtype is unchanged (exact), else from that fp32 truth, rounded on upload.
+  const std::string master_kind = meta.master_weights ? "master" : "model";
+  const std::string value_kind = meta.dtype == m.dtype ? "model" : master_kind;
+  std::vector<float> host;
+  auto load = [&](const std::string& kind, const Parameter& p, int64_t begin, int64_t end, Tensor& dst, bool zeros) {
+    const int64_t n = end - begin;
+    const int64_t expected = count_below(p.global_shape, p.shard, begin, end, shape_numel(meta.tensors.at(p.name)));
+    // fp32 host tensors are filled in place; others through host fp32 and an upload (which rounds).
+    const bool in_place = dst.device() == Device::CPU && dst.dtype() == DType::F32;
+    if (!in_place) host.resize(n);
+    float* out = in_place ? dst.f32() : host.data();
+    // Rows the checkpoint never had (more vocabulary padding here) keep the initialiser's values, or
+    // start at zero for the moments.
+    if (expected < n) {
+      if (zeros)
+        std::fill(out, out + n, 0.f);
+      else if (!in_place)
+        be.download(dst, out);
+    }
+    const int64_t got = reader.read(kind, p.name, p.global_shape, p.shard, begin, end, out);
+    if (got != expected)
+      throw CheckpointError(fmt::format(
+          "checkpoint {}: tensor {} ({}): the rank files hold {} of the {} elements this rank needs (local range "
+          "[{}, {})); the index is incomplete",
+          dir, p.name, kind, got, expected, begin, end));
+    if (!in_place) be.upload(out, dst);
+  };
+  for (ModelChunk* c : m.chunks)
+    for (auto& p : c->params().params()) load(value_kind, *p, 0, p->value.numel(), p->value, false);
+  for (OptimizerSegment& s : m.optimizer->adam().segments()) {
+    auto [begin, end] = segment_range(s);
+    if (s.master.raw() != s.value.raw()) load(master_kind, *s.param, begin, end, s.master, false);
+    if (meta.has_optimizer_state) {
+      load("adam_m", *s.param, begin, end, s.m, true);
+      load("adam_v", *s.param, begin, end, s.v, true);
+    } else {
+      be.fill(s.m, 0.f);
+      be.fill(s.v, 0.f);
+    }
+  }
+  bytes = reader.bytes_read();
+}
+
+}  // namespace
+
+CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& m,
+                                                 const CheckpointProgress& progress, int64_t keep_last) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator& world = *m.ps->world;
+  const std::string name = iteration_dir_name(progress.iteration);
+  const fs::path final_dir = fs::path(dir) / name;
+  const fs::path tmp_dir = fs::path(dir) / (name + ".tmp");
+
+  // 1. A fresh staging directory (a crashed save may have left one behind).
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      begin_checkpoint_dir(dir, progress.iteration);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(world, error);
+
+  // 2. Every rank writes and fsyncs its own file.
+  StoredFile mine;
+  bool wrote = false;
+  try {
+    mine = write_rank_file((tmp_dir / rank_file_name(m.ps->rank)).string(), m, progress.iteration, wrote);
+  } catch (const std::exception& e) {
+    error = rank_prefix(world) + "saving checkpoint " + tmp_dir.string() + ": " + e.what();
+  }
+  agree(world, error);
+  // Gathering the index entries is also the barrier that says every rank's data is durable.
+  std::vector<std::string> entries = all_gather_strings(world, wrote ? stored_file_to_yaml(mine) : "");
+
+  // 3. Rank 0 commits: metadata, directory rename, then the `latest` pointer.
+  int64_t bytes = 0;
+  if (world.rank() == 0) {
+    try {
+      CheckpointMeta meta;
+      meta.iteration = progress.iteration;
+      meta.consumed_samples = progress.consumed_samples;
+      meta.optimizer_steps = progress.optimizer_steps;
+      meta.rng_seed = progress.rng_seed;
+      meta.loss_scaler_dynamic = progress.loss_scaler_dynamic;
+      meta.loss_scaler = progress.loss_scaler;
+      meta.dtype = m.dtype;
+      meta.layout = SavedLayout{m.ps->tp_size(), m.ps->pp_size(), m.virtual_pipeline, m.ps->dp_size(),
+                                m.ps->layout.world(), m.optimizer->distributed()};
+      meta.vocab_size = m.vocab_size;
+      meta.padded_vocab = m.padded_vocab;
+      meta.tensors = m.global_shapes;
+      meta.config_yaml = m.config_yaml;
+      for (size_t r = 0; r < entries.size(); ++r) {
+        if (entries[r].empty()) continue;
+        meta.files.push_back(stored_file_from_yaml(entries[r], fmt::format("index entry of rank {}", r)));
+        bytes += meta.files.back().bytes;
+        for (const StoredPiece& p : meta.files.back().pieces) meta.master_weights |= p.kind == "master";
+      }
+      bytes += static_cast<int64_t>(checkpoint_meta_to_yaml(meta).size());
+      commit_checkpoint_dir(dir, meta, keep_last);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(world, error);
+  double total = static_cast<double>(bytes);
+  world.all_reduce_host(&total, 1);
+  return {final_dir.string(), static_cast<int64_t>(total), seconds_since(t0)};
+}
+
+void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m) {
+  std::vector<std::string> problems = model_config_differences(meta.config_yaml, m.config_yaml);
+  for (const auto& [name, shape] : m.global_shapes) {
+    auto it = meta.tensors.find(name);
+    if (it == meta.tensors.end())
+      problems.push_back("tensor " + name + " " + shape_str(shape) + ": not in the checkpoint");
+    else if (!compatible_shapes(name, it->second, shape, m.vocab_size))
+      problems.push_back(fmt::format("tensor {}: checkpoint shape {}, model shape {}", name, shape_str(it->second),
+                                     shape_str(shape)));
+  }
+  for (const auto& [name, shape] : meta.tensors)
+    if (!m.global_shapes.count(name)) problems.push_back("tensor " + name + ": in the checkpoint but not in this model");
+  if (!problems.empty()) {
+    std::string list;
+    for (size_t i = 0; i < problems.size() && i < 12; ++i) list += "\n  " + problems[i];
+    if (problems.size() > 12) list += fmt::format("\n  ... and {} more", problems.size() - 12);
+    throw CheckpointError("checkpoint " + dir + " does not match this model:" + list);
+  }
+  for (const StoredFile& f : meta.files) {
+    const fs::path path = fs::path(dir) / f.file;
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      throw CheckpointError(fmt::format("checkpoint {}: rank file {} (written by rank {}) is missing", dir, f.file,
+                                        f.rank));
+    const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+    if (ec) throw CheckpointError("checkpoint " + dir + ": cannot read the size of " + path.string());
+    if (size != f.bytes)
+      throw CheckpointError(fmt::format("checkpoint {}: rank file {} is {} bytes but was {} bytes when saved ({})",
+                                        dir, f.file, size, f.bytes, size < f.bytes ? "truncated" : "modified"));
+  }
+}
+
+std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::string& path, bool required,
+                                                                const CheckpointModel& m) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator& world = *m.ps->world;
+  // Rank 0 decides for everyone: 'N' nothing to load, 'E' + error, 'O' + directory + '\n' + index text.
+  std::string message;
+  if (world.rank() == 0) {
+    try {
+      const std::string dir = resolve_checkpoint(path);
+      if (dir.empty()) {
+        if (required)
+          throw CheckpointError("checkpoint " + path + ": nothing to load (no metadata.yaml and no latest pointer)");
+        message.assign(1, 'N');
+      } else {
+        const std::string index = (fs::path(dir) / kMetadataFile).string();
+        const std::string text = read_text_file(index);
+        validate_checkpoint(dir, checkpoint_meta_from_yaml(text, index), m);
+        message = "O" + dir + "\n" + text;
+      }
+    } catch (const std::exception& e) {
+      message = std::string("E") + e.what();
+    }
+  }
+  message = broadcast_string(world, message, 0);
+  if (message.empty() || message[0] == 'E') throw CheckpointError(message.empty() ? "checkpoint: no answer" : message.substr(1));
+  if (message[0] == 'N') return std::nullopt;
+
+  CheckpointLoadReport report;
+  const size_t newline = message.find('\n');
+  report.path = message.substr(1, newline - 1);
+  report.meta = checkpoint_meta_from_yaml(message.substr(newline + 1), report.path + "/" + kMetadataFile);
+  std::string error;
+  int64_t bytes = 0;
+  try {
+    load_tensors(report.path, report.meta, m, bytes);
+  } catch (const std::exception& e) {
+    error = rank_prefix(world) + e.what();
+  }
+  agree(world, error);
+  double total = static_cast<double>(bytes);
+  world.all_reduce_host(&total, 1);
+  report.bytes_read = static_cast<int64_t>(total);
+  report.seconds = seconds_since(t0);
+  return report;
+}
+
+}  // namespace gpt

@@ -1,0 +1,79 @@
+// Distributed checkpoint save and load over a process grid (the format is in parallel/checkpoint_format.h
+// and docs/checkpoint-format.md).
+// Save: every rank writes the pieces it owns, in parallel, into `iter_NNNNNNN.tmp/rank_RRRRR.h5` and
+// fsyncs it: each optimizer segment (the whole parameter, or with ZeRO-1 this data-parallel rank's part)
+// gives its model values, fp32 master weights (when distinct from the values) and Adam moments, written by
+// data-parallel rank 0 only when the state is replicated over dp; tensor-parallel replicas are written by
+// tp rank 0 only and the tied LM-head copy not at all. Rank 0 then writes metadata.yaml, renames the
+// directory to `iter_NNNNNNN`, and only then moves `latest`. A crash at any point leaves the previous
+// checkpoint as the one `latest` names.
+// Load: rank 0 resolves the request, reads and checks the index (model config, tensor shapes, every rank
+// file present with its saved size) and broadcasts it or the error, so every rank fails alike before any
+// reads. Then each rank reads, from whichever files hold them, exactly the global elements its own layout
+// needs (values for its whole local shards, optimizer state for its own segments). Any error on any rank
+// is gathered and rethrown identically on all ranks.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/gpt_model.h"
+#include "model/loss_scaler.h"
+#include "parallel/checkpoint_format.h"
+#include "parallel/data_parallel.h"
+#include "parallel/process_grid.h"
+
+namespace gpt {
+
+// This rank's model and optimizer as the checkpoint sees them.
+struct CheckpointModel {
+  ParallelState* ps = nullptr;
+  Backend* backend = nullptr;
+  std::vector<ModelChunk*> chunks;
+  DataParallelOptimizer* optimizer = nullptr;
+  std::string dtype = "fp32";          // precision.dtype
+  int64_t virtual_pipeline = 1;
+  int64_t vocab_size = 0, padded_vocab = 0;
+  std::string config_yaml;             // dump_config() of this run
+  std::map<std::string, Shape> global_shapes;  // every global tensor of the model, in this layout
+};
+
+// Scalars that travel with the tensors.
+struct CheckpointProgress {
+  int64_t iteration = 0, consumed_samples = 0, optimizer_steps = 0;
+  int64_t rng_seed = 0;  // training.seed: with the consumed samples, the whole random state
+  bool loss_scaler_dynamic = false;
+  LossScaler::State loss_scaler;
+};
+
+struct CheckpointSaveReport {
+  std::string path;     // the complete iteration directory
+  int64_t bytes = 0;    // all rank files plus the metadata
+  double seconds = 0;
+};
+
+// Collective over ps->world. Writes checkpoint.dir/iter_NNNNNNN and moves `latest`; prunes to keep_last.
+// Throws CheckpointError identically on every rank when any rank fails.
+CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& model,
+                                                 const CheckpointProgress& progress, int64_t keep_last);
+
+struct CheckpointLoadReport {
+  std::string path;  // the iteration directory that was loaded
+  CheckpointMeta meta;
+  int64_t bytes_read = 0;  // stored bytes read by all ranks together
+  double seconds = 0;
+};
+
+// Collective over ps->world. `path` is an iteration directory or a directory with a `latest` pointer.
+// Returns nullopt when there is nothing to load and `required` is false; otherwise loads every tensor into
+// this rank's chunks and optimizer segments (the caller applies the progress in report.meta). Throws
+// CheckpointError identically on every rank on any mismatch or damage.
+std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::string& path, bool required,
+                                                                const CheckpointModel& model);
+
+// Rank 0's checks of an index against the model before anyone reads (also used by tests): the model
+// config, the tensor set and shapes, and every rank file present with the size it had when saved.
+void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& model);
+
+}  // namespace gpt

@@ -1,0 +1,187 @@
+// The on-disk format of a distributed checkpoint, with no MPI in it (docs/checkpoint-format.md).
+// A checkpoint is a directory `iter_NNNNNNN/` holding one HDF5 file per writing rank (`rank_RRRRR.h5`)
+// and `metadata.yaml` written by rank 0. Every stored dataset is a *piece*: a run of elements of one
+// global tensor (kind "model", "master", "adam_m" or "adam_v"; global name and shape) described by the
+// ShardSpec of the rank that wrote it and the range of that rank's local (tensor-parallel) shard it covers.
+// Pieces are 1-D arrays of the local elements in order, so any reader can map each element to its global
+// index with ShardSpec::global_index and take whatever part it needs, whatever its own layout.
+// The metadata indexes every piece (file, kind, name, shard, range, dtype, CRC-32 of the stored bytes) and
+// records training progress, loss-scaler state, the saved layout and the effective config.
+// This header also owns the directory conventions: the `latest` pointer, atomic replacement, pruning.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/loss_scaler.h"
+#include "model/parameter.h"
+
+namespace gpt {
+
+// Any checkpoint problem: the message names the checkpoint, the file and the tensor involved.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- element runs: how a stored or wanted range of a shard maps onto the global tensor ----
+
+// `length` consecutive local elements starting at `local` that are consecutive in the global tensor too,
+// starting at flat global index `global`.
+struct ElementRun {
+  int64_t global = 0, local = 0, length = 0;
+};
+
+// The local range [begin, end) of the shard `shard` of a tensor of shape `global` as maximal runs, in
+// increasing global order (ShardSpec::global_index is increasing in the local index).
+std::vector<ElementRun> shard_runs(const Shape& global, const ShardSpec& shard, int64_t begin, int64_t end);
+
+// One copy from a stored piece into a wanted range: `length` elements from piece offset `src` (relative to
+// the piece's first element) to wanted offset `dst` (relative to the wanted range's first element).
+struct ElementCopy {
+  int64_t src = 0, dst = 0, length = 0;
+};
+// The copies that move every element common to `stored` and `wanted` (both sorted by global index, as
+// shard_runs returns them), with offsets relative to the first element of each side.
+std::vector<ElementCopy> intersect_runs(const std::vector<ElementRun>& stored, int64_t stored_begin,
+                                        const std::vector<ElementRun>& wanted, int64_t wanted_begin);
+
+// CRC-32 (zlib's polynomial) of a byte buffer.
+uint32_t crc32_bytes(const void* data, size_t bytes);
+
+// ---- metadata ----
+
+// Stored dtypes: "f32", "bf16", "f16" (model values are stored in the compute dtype, the rest in f32).
+std::string stored_dtype_name(DType t);
+DType stored_dtype_from_name(const std::string& name, const std::string& where);
+
+struct StoredPiece {
+  std::string kind;  // "model" | "master" | "adam_m" | "adam_v"
+  std::string name;  // global tensor name
+  ShardSpec shard;   // of the writing rank
+  int64_t begin = 0, end = 0;  // range of the writer's local shard
+  DType dtype = DType::F32;
+  uint32_t crc32 = 0;  // of the stored little-endian bytes
+  std::string dataset() const { return "/" + kind + "/" + name; }
+};
+
+struct StoredFile {
+  std::string file;  // name inside the checkpoint directory
+  int rank = 0;      // world rank that wrote it
+  int64_t bytes = 0;  // file size after the final fsync
+  std::vector<StoredPiece> pieces;
+};
+
+struct SavedLayout {
+  int64_t tensor = 1, pipeline = 1, virtual_pipeline = 1, data = 1, world = 1;
+  bool distributed_optimizer = false;
+};
+
+struct CheckpointMeta {
+  int64_t version = 1;
+  int64_t iteration = 0, consumed_samples = 0, optimizer_steps = 0;
+  bool has_optimizer_state = true;  // false for imported weights: moments start at zero
+  bool master_weights = false;      // fp32 master copies are stored separately (compute dtype not fp32)
+  std::string dtype = "fp32";       // precision.dtype of the run that saved
+  bool loss_scaler_dynamic = false;
+  LossScaler::State loss_scaler;
+  SavedLayout layout;
+  int64_t vocab_size = 0, padded_vocab = 0;
+  // The whole random state: initialisation and synthetic data are counter-based functions of (seed,
+  // tensor name, element index) and (seed, sample index), and the data order of the consumed samples.
+  int64_t rng_seed = 0;
+  std::map<std::string, Shape> tensors;  // global name -> global shape (every kind shares it)
+  std::vector<StoredFile> files;
+  std::string config_yaml;  // dump_config() of the saving run
+};
+
+std::string checkpoint_meta_to_yaml(const CheckpointMeta& meta);
+// Throws CheckpointError naming `source` and the key when the text is not a valid checkpoint index.
+CheckpointMeta checkpoint_meta_from_yaml(const std::string& text, const std::string& source);
+// One file's index entry on its own (ranks send these to rank 0 as text).
+std::string stored_file_to_yaml(const StoredFile& file);
+StoredFile stored_file_from_yaml(const std::string& text, const std::string& source);
+
+// Flattens a YAML document into "a.b.c" -> scalar text (sequences as "[x, y]"), for config comparison.
+std::map<std::string, std::string> flatten_yaml(const std::string& text, const std::string& source);
+// The model.* keys whose values differ between the config a checkpoint was saved with and this run's, as
+// "model.hidden_size: checkpoint 32, this run 64" lines. The padding rule (make_vocab_size_divisible_by)
+// is not compared: the loader handles any padding.
+std::vector<std::string> model_config_differences(const std::string& saved_yaml, const std::string& current_yaml);
+// Every key (any section) whose value differs, in the same form; for the log when resuming.
+std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml);
+
+// ---- rank files ----
+
+// Writes one rank's pieces into an HDF5 file (created fresh), computing each piece's CRC-32.
+class ShardFileWriter {
+ public:
+  ShardFileWriter(const std::string& path, int rank, int64_t iteration);
+  ~ShardFileWriter();
+  // Stores local elements [begin, end) of the tensor `name` (shape `global`, sharded by `shard`):
+  // `values` holds end - begin floats that are exact in `dtype` (they came from a tensor of that dtype).
+  void write(const std::string& kind, const std::string& name, const Shape& global, const ShardSpec& shard,
+             int64_t begin, int64_t end, const float* values, DType dtype);
+  // Closes the file, fsyncs it and returns its index entry (file name relative to its directory).
+  StoredFile finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads pieces of a checkpoint for any layout. Files are opened on first use and kept open.
+class CheckpointReader {
+ public:
+  CheckpointReader(std::string dir, const CheckpointMeta& meta);
+  ~CheckpointReader();
+  bool has(const std::string& kind, const std::string& name) const;
+  // Fills the local elements [begin, end) of this reader's shard `shard` of tensor `name` (this run's
+  // global shape `global`) with every element the checkpoint holds for `kind`, leaving the others as they
+  // are. Each overlapping piece is read whole and its CRC checked. Returns the number of elements filled.
+  int64_t read(const std::string& kind, const std::string& name, const Shape& global, const ShardSpec& shard,
+               int64_t begin, int64_t end, float* out);
+  // Stored bytes read so far.
+  int64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t bytes_read_ = 0;
+};
+
+// How many of the local elements [begin, end) of `shard` (global shape `global`) have a flat global index
+// below `limit` (the saved tensor's element count: rows past it are padding the checkpoint never had).
+int64_t count_below(const Shape& global, const ShardSpec& shard, int64_t begin, int64_t end, int64_t limit);
+
+// ---- directory conventions ----
+
+std::string iteration_dir_name(int64_t iteration);  // "iter_0000010"
+std::string rank_file_name(int rank);               // "rank_00003.h5"
+constexpr const char* kMetadataFile = "metadata.yaml";
+constexpr const char* kLatestFile = "latest";
+
+// Writes `text` to `path` atomically and durably: `path`.tmp, fsync, rename, fsync of the directory.
+void write_file_durably(const std::string& path, const std::string& text);
+void fsync_path(const std::string& path);  // a file or a directory
+std::string read_text_file(const std::string& path);
+
+// The checkpoint directory a load request names: `path` itself when it holds metadata.yaml, else the one
+// its `latest` names (or that one's `.replaced` copy, when a save replacing it stopped half-way). Empty
+// when `path` has neither (or does not exist); throws when `latest` names a directory that is missing or
+// incomplete.
+std::string resolve_checkpoint(const std::string& path);
+// The two ends of the commit protocol, run by one process (rank 0): begin creates a fresh staging
+// directory dir/iter_NNNNNNN.tmp (clearing leftovers of interrupted saves) and returns its path; once
+// every rank file in it is durable, commit writes metadata.yaml into it, fsyncs, renames it to
+// iter_NNNNNNN, moves `latest` to it and prunes to keep_last. Returns the final directory.
+std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration);
+std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last);
+
+// Deletes complete iteration directories beyond the newest `keep_last` (0 keeps all), never the one
+// `latest` names, and any leftover `iter_*.tmp` / `iter_*.replaced` directory of an interrupted save.
+void prune_checkpoints(const std::string& dir, int64_t keep_last);
+
+}  // namespace gpt

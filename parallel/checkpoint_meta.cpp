@@ -1,0 +1,364 @@
+// Checkpoint bookkeeping without I/O: element runs of shards and their intersection (the arithmetic that
+// lets any layout read any other layout's pieces), CRC-32, and the metadata index as YAML (written with
+// yaml-cpp's emitter, read back with range and type checks that name the key that is wrong).
+#include <yaml-cpp/yaml.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "parallel/checkpoint_format.h"
+
+namespace gpt {
+
+std::vector<ElementRun> shard_runs(const Shape& global, const ShardSpec& shard, int64_t begin, int64_t end) {
+  std::vector<ElementRun> out;
+  if (begin >= end) return out;
+  if (shard.dim < 0) {
+    out.push_back({begin, begin, end - begin});
+    return out;
+  }
+  // Local elements with the same outer index and block are consecutive globally too: a segment is one
+  // block's piece of the sharded dimension times everything inside it.
+  const Shape local = shard.local_shape(global);
+  int64_t inner = 1;
+  for (size_t d = shard.dim + 1; d < local.size(); ++d) inner *= local[d];
+  const int64_t segment = local[shard.dim] / shard.blocks * inner;
+  for (int64_t k = begin / segment; k * segment < end; ++k) {
+    const int64_t lo = std::max(begin, k * segment), hi = std::min(end, (k + 1) * segment);
+    const int64_t g = shard.global_index(global, lo);
+    if (!out.empty() && out.back().global + out.back().length == g)
+      out.back().length += hi - lo;  // adjacent segments that happen to touch (one part, or whole rows)
+    else
+      out.push_back({g, lo, hi - lo});
+  }
+  return out;
+}
+
+std::vector<ElementCopy> intersect_runs(const std::vector<ElementRun>& stored, int64_t stored_begin,
+                                        const std::vector<ElementRun>& wanted, int64_t wanted_begin) {
+  std::vector<ElementCopy> out;
+  size_t i = 0, j = 0;
+  while (i < stored.size() && j < wanted.size()) {
+    const ElementRun& a = stored[i];
+    const ElementRun& b = wanted[j];
+    const int64_t lo = std::max(a.global, b.global);
+    const int64_t hi = std::min(a.global + a.length, b.global + b.length);
+    if (lo < hi)
+      out.push_back({a.local + (lo - a.global) - stored_begin, b.local + (lo - b.global) - wanted_begin, hi - lo});
+    if (a.global + a.length < b.global + b.length)
+      ++i;
+    else
+      ++j;
+  }
+  return out;
+}
+
+int64_t count_below(const Shape& global, const ShardSpec& shard, int64_t begin, int64_t end, int64_t limit) {
+  int64_t n = 0;
+  for (const ElementRun& r : shard_runs(global, shard, begin, end))
+    n += std::max<int64_t>(0, std::min(r.global + r.length, limit) - r.global);
+  return n;
+}
+
+uint32_t crc32_bytes(const void* data, size_t bytes) {
+  return static_cast<uint32_t>(crc32_z(crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(data), bytes));
+}
+
+std::string stored_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    default: throw CheckpointError(std::string("checkpoint: cannot store tensors of dtype ") + dtype_name(t));
+  }
+}
+
+DType stored_dtype_from_name(const std::string& name, const std::string& where) {
+  if (name == "f32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "f16") return DType::F16;
+  throw CheckpointError(where + ": unknown stored dtype '" + name + "' (expected f32, bf16 or f16)");
+}
+
+namespace {
+
+void emit_shape(YAML::Emitter& out, const Shape& s) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (int64_t d : s) out << d;
+  out << YAML::EndSeq;
+}
+
+void emit_file(YAML::Emitter& out, const StoredFile& f) {
+  out << YAML::BeginMap << YAML::Key << "file" << YAML::Value << f.file << YAML::Key << "rank" << YAML::Value
+      << f.rank << YAML::Key << "bytes" << YAML::Value << f.bytes << YAML::Key << "pieces" << YAML::Value
+      << YAML::BeginSeq;
+  for (const StoredPiece& p : f.pieces) {
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << p.kind << YAML::Key << "name"
+        << YAML::Value << p.name << YAML::Key << "shard" << YAML::Value << YAML::Flow << YAML::BeginSeq
+        << p.shard.dim << p.shard.blocks << p.shard.parts << p.shard.part << YAML::EndSeq << YAML::Key << "range"
+        << YAML::Value << YAML::Flow << YAML::BeginSeq << p.begin << p.end << YAML::EndSeq << YAML::Key << "dtype"
+        << YAML::Value << stored_dtype_name(p.dtype) << YAML::Key << "crc32" << YAML::Value
+        << fmt::format("{:08x}", p.crc32) << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+}
+
+// Typed access that names the key and the source on every failure.
+struct Reader {
+  std::string source;
+
+  YAML::Node child(const YAML::Node& n, const char* key, const std::string& path) const {
+    if (!n.IsMap()) throw CheckpointError(source + ": " + (path.empty() ? "document" : path) + " is not a mapping");
+    YAML::Node c = n[key];
+    if (!c) throw CheckpointError(source + ": missing key '" + join(path, key) + "'");
+    return c;
+  }
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  template <typename T>
+  T get(const YAML::Node& n, const char* key, const std::string& path = "") const {
+    YAML::Node c = child(n, key, path);
+    try {
+      return c.as<T>();
+    } catch (const YAML::Exception&) {
+      throw CheckpointError(source + ": key '" + join(path, key) + "' has an invalid value");
+    }
+  }
+  Shape shape(const YAML::Node& n, const std::string& what, bool allow_negative = false) const {
+    if (!n.IsSequence()) throw CheckpointError(source + ": " + what + " is not a list of sizes");
+    Shape s;
+    for (const auto& d : n) {
+      int64_t v = 0;
+      try {
+        v = d.as<int64_t>();
+      } catch (const YAML::Exception&) {
+        throw CheckpointError(source + ": " + what + " holds a non-integer size");
+      }
+      if (v < 0 && !allow_negative) throw CheckpointError(source + ": " + what + " holds a negative size");
+      s.push_back(v);
+    }
+    return s;
+  }
+
+  StoredFile file(const YAML::Node& n, const std::string& path) const {
+    StoredFile f;
+    f.file = get<std::string>(n, "file", path);
+    if (f.file.empty() || f.file.find('/') != std::string::npos || f.file[0] == '.')
+      throw CheckpointError(source + ": " + path + ".file '" + f.file + "' is not a plain file name");
+    f.rank = get<int>(n, "rank", path);
+    f.bytes = get<int64_t>(n, "bytes", path);
+    YAML::Node pieces = child(n, "pieces", path);
+    if (!pieces.IsSequence()) throw CheckpointError(source + ": " + path + ".pieces is not a list");
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const std::string pp = fmt::format("{}.pieces[{}]", path, i);
+      StoredPiece p;
+      p.kind = get<std::string>(pieces[i], "kind", pp);
+      if (p.kind != "model" && p.kind != "master" && p.kind != "adam_m" && p.kind != "adam_v")
+        throw CheckpointError(source + ": " + pp + ".kind '" + p.kind + "' is not model, master, adam_m or adam_v");
+      p.name = get<std::string>(pieces[i], "name", pp);
+      Shape sh = shape(child(pieces[i], "shard", pp), pp + ".shard", true);  // dim -1: not sharded
+      Shape range = shape(child(pieces[i], "range", pp), pp + ".range");
+      if (sh.size() != 4 || range.size() != 2 || range[0] >= range[1] || sh[0] < -1 || sh[1] < 1 || sh[2] < 1 ||
+          sh[3] < 0 || sh[3] >= sh[2])
+        throw CheckpointError(source + ": " + pp + " has an invalid shard [dim, blocks, parts, part] or range");
+      p.shard = ShardSpec{static_cast<int>(sh[0]), static_cast<int>(sh[1]), static_cast<int>(sh[2]),
+                          static_cast<int>(sh[3])};
+      p.begin = range[0];
+      p.end = range[1];
+      p.dtype = stored_dtype_from_name(get<std::string>(pieces[i], "dtype", pp), source + ": " + pp);
+      const std::string crc = get<std::string>(pieces[i], "crc32", pp);
+      try {
+        size_t used = 0;
+        unsigned long v = std::stoul(crc, &used, 16);
+        if (used != crc.size() || v > 0xffffffffUL) throw std::invalid_argument("range");
+        p.crc32 = static_cast<uint32_t>(v);
+      } catch (const std::exception&) {
+        throw CheckpointError(source + ": " + pp + ".crc32 '" + crc + "' is not a hexadecimal CRC-32");
+      }
+      f.pieces.push_back(std::move(p));
+    }
+    return f;
+  }
+};
+
+YAML::Node parse(const std::string& text, const std::string& source) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError(source + ": not valid YAML (" + e.what() + ")");
+  }
+}
+
+void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) flatten(kv.second, prefix.empty() ? kv.first.as<std::string>() : prefix + "." + kv.first.as<std::string>(), out);
+  } else if (n.IsSequence()) {
+    std::string s = "[";
+    for (size_t i = 0; i < n.size(); ++i) s += (i ? ", " : "") + (n[i].IsScalar() ? n[i].Scalar() : YAML::Dump(n[i]));
+    out[prefix] = s + "]";
+  } else if (n.IsScalar()) {
+    out[prefix] = n.Scalar();
+  } else {
+    out[prefix] = "";
+  }
+}
+
+}  // namespace
+
+std::string stored_file_to_yaml(const StoredFile& file) {
+  YAML::Emitter out;
+  emit_file(out, file);
+  return out.c_str();
+}
+
+StoredFile stored_file_from_yaml(const std::string& text, const std::string& source) {
+  return Reader{source}.file(parse(text, source), "file");
+}
+
+std::string checkpoint_meta_to_yaml(const CheckpointMeta& m) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "format" << YAML::Value << "gpt-train distributed checkpoint";
+  out << YAML::Key << "version" << YAML::Value << m.version;
+  out << YAML::Key << "iteration" << YAML::Value << m.iteration;
+  out << YAML::Key << "consumed_samples" << YAML::Value << m.consumed_samples;
+  out << YAML::Key << "optimizer_steps" << YAML::Value << m.optimizer_steps;
+  out << YAML::Key << "has_optimizer_state" << YAML::Value << m.has_optimizer_state;
+  out << YAML::Key << "master_weights" << YAML::Value << m.master_weights;
+  out << YAML::Key << "dtype" << YAML::Value << m.dtype;
+  out << YAML::Key << "loss_scaler" << YAML::Value << YAML::BeginMap << YAML::Key << "dynamic" << YAML::Value
+      << m.loss_scaler_dynamic << YAML::Key << "scale" << YAML::Value << fmt::format("{:.17g}", m.loss_scaler.scale)
+      << YAML::Key << "growth_tracker" << YAML::Value << m.loss_scaler.growth_tracker << YAML::Key
+      << "hysteresis_tracker" << YAML::Value << m.loss_scaler.hysteresis_tracker << YAML::EndMap;
+  const SavedLayout& l = m.layout;
+  out << YAML::Key << "layout" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "tensor" << YAML::Value
+      << l.tensor << YAML::Key << "pipeline" << YAML::Value << l.pipeline << YAML::Key << "virtual_pipeline"
+      << YAML::Value << l.virtual_pipeline << YAML::Key << "data" << YAML::Value << l.data << YAML::Key << "world"
+      << YAML::Value << l.world << YAML::Key << "distributed_optimizer" << YAML::Value << l.distributed_optimizer
+      << YAML::EndMap;
+  out << YAML::Key << "vocab_size" << YAML::Value << m.vocab_size;
+  out << YAML::Key << "padded_vocab" << YAML::Value << m.padded_vocab;
+  out << YAML::Key << "rng" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "generator"
+      << YAML::Value << "counter-based" << YAML::Key << "seed" << YAML::Value << m.rng_seed << YAML::EndMap;
+  out << YAML::Key << "tensors" << YAML::Value << YAML::BeginMap;
+  for (const auto& [name, shape] : m.tensors) {
+    out << YAML::Key << name << YAML::Value;
+    emit_shape(out, shape);
+  }
+  out << YAML::EndMap;
+  out << YAML::Key << "files" << YAML::Value << YAML::BeginSeq;
+  for (const StoredFile& f : m.files) emit_file(out, f);
+  out << YAML::EndSeq;
+  out << YAML::Key << "config" << YAML::Value << YAML::Literal << m.config_yaml;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+CheckpointMeta checkpoint_meta_from_yaml(const std::string& text, const std::string& source) {
+  Reader r{source};
+  YAML::Node root = parse(text, source);
+  if (!root.IsMap()) throw CheckpointError(source + ": not a checkpoint index (expected a YAML mapping)");
+  CheckpointMeta m;
+  if (r.get<std::string>(root, "format") != "gpt-train distributed checkpoint")
+    throw CheckpointError(source + ": not a gpt-train checkpoint index (key 'format')");
+  m.version = r.get<int64_t>(root, "version");
+  if (m.version != 1)
+    throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads 1)",
+                                      source, m.version));
+  m.iteration = r.get<int64_t>(root, "iteration");
+  m.consumed_samples = r.get<int64_t>(root, "consumed_samples");
+  m.optimizer_steps = r.get<int64_t>(root, "optimizer_steps");
+  m.has_optimizer_state = r.get<bool>(root, "has_optimizer_state");
+  m.master_weights = r.get<bool>(root, "master_weights");
+  m.dtype = r.get<std::string>(root, "dtype");
+  YAML::Node ls = r.child(root, "loss_scaler", "");
+  m.loss_scaler_dynamic = r.get<bool>(ls, "dynamic", "loss_scaler");
+  m.loss_scaler.scale = r.get<double>(ls, "scale", "loss_scaler");
+  m.loss_scaler.growth_tracker = r.get<int64_t>(ls, "growth_tracker", "loss_scaler");
+  m.loss_scaler.hysteresis_tracker = r.get<int64_t>(ls, "hysteresis_tracker", "loss_scaler");
+  YAML::Node l = r.child(root, "layout", "");
+  m.layout.tensor = r.get<int64_t>(l, "tensor", "layout");
+  m.layout.pipeline = r.get<int64_t>(l, "pipeline", "layout");
+  m.layout.virtual_pipeline = r.get<int64_t>(l, "virtual_pipeline", "layout");
+  m.layout.data = r.get<int64_t>(l, "data", "layout");
+  m.layout.world = r.get<int64_t>(l, "world", "layout");
+  m.layout.distributed_optimizer = r.get<bool>(l, "distributed_optimizer", "layout");
+  m.vocab_size = r.get<int64_t>(root, "vocab_size");
+  m.padded_vocab = r.get<int64_t>(root, "padded_vocab");
+  m.rng_seed = r.get<int64_t>(r.child(root, "rng", ""), "seed", "rng");
+  YAML::Node tensors = r.child(root, "tensors", "");
+  if (!tensors.IsMap()) throw CheckpointError(source + ": 'tensors' is not a mapping of name -> shape");
+  for (const auto& kv : tensors) {
+    const std::string name = kv.first.as<std::string>();
+    m.tensors[name] = r.shape(kv.second, "tensors." + name);
+  }
+  YAML::Node files = r.child(root, "files", "");
+  if (!files.IsSequence()) throw CheckpointError(source + ": 'files' is not a list");
+  for (size_t i = 0; i < files.size(); ++i) {
+    StoredFile f = r.file(files[i], fmt::format("files[{}]", i));
+    for (const StoredPiece& p : f.pieces) {
+      auto it = m.tensors.find(p.name);
+      if (it == m.tensors.end())
+        throw CheckpointError(source + ": file " + f.file + " holds tensor '" + p.name + "' missing from 'tensors'");
+      try {
+        int64_t local = shape_numel(p.shard.local_shape(it->second));
+        if (p.end > local || (p.shard.dim >= 0 && p.shard.dim >= int(it->second.size())))
+          throw std::invalid_argument("range past the shard");
+      } catch (const std::exception&) {
+        throw CheckpointError(source + ": file " + f.file + ": piece " + p.dataset() + " does not fit tensor shape " +
+                              shape_str(it->second));
+      }
+    }
+    m.files.push_back(std::move(f));
+  }
+  m.config_yaml = r.get<std::string>(root, "config");
+  return m;
+}
+
+std::map<std::string, std::string> flatten_yaml(const std::string& text, const std::string& source) {
+  std::map<std::string, std::string> out;
+  flatten(parse(text, source), "", out);
+  return out;
+}
+
+namespace {
+std::vector<std::string> differences(const std::string& saved_yaml, const std::string& current_yaml,
+                                     bool model_only) {
+  auto saved = flatten_yaml(saved_yaml, "checkpoint config");
+  auto current = flatten_yaml(current_yaml, "current config");
+  // ffn_hidden_size 0 means 4 x hidden: compare what the model is, not how it was spelled.
+  for (auto* c : {&saved, &current}) {
+    auto& m = *c;
+    if (m.count("model.ffn_hidden_size") && m["model.ffn_hidden_size"] == "0" && m.count("model.hidden_size")) {
+      try {
+        m["model.ffn_hidden_size"] = std::to_string(4 * std::stoll(m["model.hidden_size"]));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  std::vector<std::string> out;
+  std::map<std::string, int> keys;
+  for (auto& kv : saved) keys[kv.first] = 1;
+  for (auto& kv : current) keys[kv.first] = 1;
+  for (auto& [key, unused] : keys) {
+    if (model_only && (key.rfind("model.", 0) != 0 || key == "model.make_vocab_size_divisible_by")) continue;
+    auto a = saved.find(key), b = current.find(key);
+    std::string va = a == saved.end() ? "(absent)" : a->second;
+    std::string vb = b == current.end() ? "(absent)" : b->second;
+    if (va != vb) out.push_back(fmt::format("{}: checkpoint {}, this run {}", key, va, vb));
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::string> model_config_differences(const std::string& saved_yaml, const std::string& current_yaml) {
+  return differences(saved_yaml, current_yaml, true);
+}
+
+std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml) {
+  return differences(saved_yaml, current_yaml, false);
+}
+
+}  // namespace gpt

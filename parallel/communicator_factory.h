@@ -1,0 +1,24 @@
+// Which communicator carries each process group's traffic for a given compute backend. The process grid
+// (parallel/process_grid.h) builds MPI groups, which move host memory; with the CUDA backend the groups
+// that move tensors (tp, dp, pp, embedding) must move GPU memory instead, so they are rebuilt over the
+// same ranks as NCCL communicators (the pipeline group with per-pair p2p channels), and groups of one
+// become a device-aware identity. world and model_parallel only reduce host arrays and stay on MPI.
+#pragma once
+#include "model/ops/backend.h"
+#include "parallel/process_grid.h"
+
+namespace gpt {
+
+// True when this binary was built with NCCL (multi-GPU runs need it).
+bool nccl_built_in();
+
+// Makes `state` fit `backend`: nothing changes for a host backend; for a GPU backend the tp, dp, pp and
+// embedding groups are replaced as described above. Collective over the world when any group has more
+// than one rank: every rank must call it at the same point, after creating its backend. Throws
+// std::runtime_error naming the group when a GPU group spans several ranks and NCCL is not built in.
+void use_device_communicators(ParallelState& state, Backend& backend);
+
+// mpi_parallel_state(layout) followed by use_device_communicators.
+ParallelState make_parallel_state(const GridLayout& layout, Backend& backend);
+
+}  // namespace gpt

@@ -1,0 +1,362 @@
+// Memory model (see memory_model.h): static buffers from exact parameter counts, activations from an
+// allocation ledger replayed over this rank's pipeline schedule.
+#include "parallel/memory_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "app/config.h"
+#include "model/gpt_model.h"
+#include "model/param_count.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+namespace gpt {
+
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+// Bytes live now and the most ever live, as tensors are allocated and released in program order.
+struct Ledger {
+  int64_t live = 0, peak = 0;
+  void alloc(int64_t bytes) {
+    live += bytes;
+    peak = std::max(peak, live);
+  }
+  void free(int64_t bytes) { live -= bytes; }
+};
+
+// Sizes in bytes of the tensors one microbatch creates on one rank. N = micro_batch * seq rows.
+struct TensorSizes {
+  bool sp = false;
+  int64_t X = 0;      // [rows outside the tp region, h] compute dtype (the residual stream)
+  int64_t Xf = 0;     // [N, h] compute dtype (full rows, inside the tp region)
+  int64_t qkv = 0;    // [N, 3h/tp]
+  int64_t att = 0;    // [N, h/tp]
+  int64_t probs = 0;  // [B, heads/tp, T, T] fp32
+  int64_t ffn = 0;    // [N, ffn/tp]
+  int64_t stats = 0;  // one layernorm's mean and rstd, fp32 [rows outside]
+  int64_t logits = 0; // [N, padded vocab / tp] fp32
+  int64_t row = 0;    // [N] fp32
+  int64_t batch = 0;  // tokens + targets, int32 [N] each
+  int64_t sp_X() const { return sp ? X : 0; }
+  int64_t sp_Xf() const { return sp ? Xf : 0; }
+  // What a block's cache keeps after forward, besides its input (which is the previous block's output).
+  int64_t block_saved(Recompute r) const {
+    int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + probs + 2 * ffn;
+    if (r == Recompute::Selective) return all - probs;
+    if (r == Recompute::Full) return 0;
+    return all;
+  }
+};
+
+TensorSizes tensor_sizes(const ModelDims& m, const LayoutSpec& l) {
+  TensorSizes s;
+  const int64_t d = static_cast<int64_t>(dtype_size(l.dtype));
+  const int64_t N = l.micro_batch * m.seq_length;
+  s.sp = l.sequence_parallel && l.tp > 1;
+  const int64_t rows = s.sp ? N / l.tp : N;
+  s.X = rows * m.hidden * d;
+  s.Xf = N * m.hidden * d;
+  s.qkv = N * 3 * m.hidden / l.tp * d;
+  s.att = N * m.hidden / l.tp * d;
+  s.probs = 4 * l.micro_batch * (m.heads / l.tp) * m.seq_length * m.seq_length;
+  s.ffn = N * m.ffn / l.tp * d;
+  s.stats = 2 * rows * 4;
+  s.logits = 4 * N * (m.padded_vocab(l.tp) / l.tp);
+  s.row = 4 * N;
+  s.batch = 2 * 4 * N;
+  return s;
+}
+
+// TransformerBlock::forward: the cache it fills, its locals, and the output.
+void block_forward(Ledger& L, const TensorSizes& s, Recompute r) {
+  L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln1 statistics, ln1, ln1_full
+  L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.probs);
+  L.alloc(s.Xf), L.alloc(s.sp_X());                    // proj partial sums, attention output
+  L.alloc(s.X);                                        // h
+  L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
+  L.alloc(s.ffn), L.alloc(s.ffn);                      // fc1, act
+  L.alloc(s.Xf), L.alloc(s.sp_X());                    // fc2 partial sums, MLP output
+  L.alloc(s.X);                                        // out
+  L.free(s.block_saved(Recompute::None) - s.block_saved(r));
+  L.free(2 * (s.Xf + s.sp_X()));                       // the locals
+}
+
+// TransformerBlock::backward with the block's cache and dout live; leaves dx allocated and the cache
+// (input included) released.
+void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
+  if (r == Recompute::Full) {
+    block_forward(L, s, Recompute::None);  // reruns forward into the cache; its output is dropped at once
+    L.free(s.X);
+  } else if (r == Recompute::Selective) {
+    L.alloc(s.att), L.alloc(s.probs);      // a scratch attention output (dropped at once), the probabilities
+    L.free(s.att);
+  }
+  L.alloc(s.sp_Xf());                      // dout gathered
+  L.alloc(s.ffn), L.alloc(s.ffn);          // dact, dfc1
+  L.alloc(s.Xf), L.alloc(s.sp_X());        // dln2_full, dln2
+  L.alloc(s.X);                            // dh
+  L.free(2 * s.ffn + s.X + s.sp_Xf());     // act, fc1, ln2, ln2_full
+  L.alloc(s.sp_Xf());                      // dh gathered
+  L.alloc(s.att), L.alloc(s.qkv);          // datt, dqkv
+  L.free(s.probs + s.att);
+  L.alloc(s.Xf), L.alloc(s.sp_X());        // dln1_full, dln1
+  L.alloc(s.X);                            // dx
+  L.free(3 * s.X + s.sp_Xf() + s.qkv + 2 * s.stats);  // the rest of the cache: input, ln1, ln1_full, qkv, h
+  L.free(2 * s.sp_Xf() + 2 * s.ffn + 2 * s.Xf + 2 * s.sp_X() + s.X + s.att + s.qkv);  // the locals
+}
+
+struct ChunkShape {
+  int64_t layers = 0;
+  bool first = false, last = false;
+};
+
+// ModelChunk::forward (embedding, blocks, final layernorm and the fused LM head forward/backward).
+// Starts with the chunk's input live (unless first); ends with the cache and the output live.
+void chunk_forward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompute r) {
+  if (c.first) {
+    L.alloc(s.Xf);  // embedding lookup, all rows
+    if (s.sp) L.alloc(s.X), L.free(s.Xf);
+  }
+  for (int64_t i = 0; i < c.layers; ++i) block_forward(L, s, r);
+  if (!c.last) return;
+  L.alloc(s.stats), L.alloc(s.X);       // final layernorm statistics (kept) and output
+  L.alloc(s.sp_Xf());                   // output gathered for the head
+  L.alloc(s.logits), L.alloc(s.row), L.alloc(s.row), L.alloc(s.row);  // logits, max, sum, target logit
+  L.free(s.row);
+  L.alloc(s.logits);                    // dlogits
+  L.free(s.logits);                     // logits
+  L.alloc(s.Xf), L.alloc(s.sp_X());     // dx over all rows, its row block (kept as head_dx)
+  L.free(2 * s.row + s.logits + 2 * s.sp_Xf());
+  L.free(s.X);                          // final layernorm output
+}
+
+// What chunk_forward leaves allocated until the microbatch's backward: every block input (the chunk
+// input included), the blocks' caches, and on the last chunk the final layernorm's input, statistics
+// and head_dx. The output of a non-last chunk is not part of it: it goes to a send buffer.
+int64_t chunk_cache(const TensorSizes& s, const ChunkShape& c, Recompute r) {
+  int64_t bytes = c.layers * (s.X + s.block_saved(r));
+  if (c.last) bytes += s.X + s.stats + s.X;
+  return bytes;
+}
+
+// ModelChunk::backward with the cache live (and, on a non-last chunk, the received gradient, released
+// by the caller). Ends with the cache released and, on a non-first chunk, the input gradient live.
+void chunk_backward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompute r) {
+  bool dout_owned = false;
+  if (c.last) L.alloc(s.X), dout_owned = true;  // final layernorm backward
+  for (int64_t i = 0; i < c.layers; ++i) {
+    block_backward(L, s, r);
+    if (dout_owned) L.free(s.X);
+    dout_owned = true;
+  }
+  if (c.last) L.free(s.X + s.stats + s.X);  // final_in, final statistics, head_dx
+  if (c.first) {
+    L.alloc(s.sp_Xf()), L.free(s.sp_Xf());  // embedding backward gathers the rows
+    L.free(s.X);                            // the gradient ends here
+  }
+}
+
+// Peak above the starting level and the net change of one procedure.
+struct Effect {
+  int64_t peak = 0, delta = 0;
+};
+template <typename F>
+Effect measure(F&& f) {
+  Ledger L;
+  f(L);
+  return {L.peak, L.live};
+}
+
+int64_t padded(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+int64_t ModelDims::padded_vocab(int tp) const { return padded_vocab_size(vocab_size, vocab_divisible_by, tp); }
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+std::string LayoutSpec::str() const {
+  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}", tp, pp, vpp, dp, micro_batch,
+                     recompute_name(recompute), distributed_optimizer ? "on" : "off",
+                     sequence_parallel ? " sp" : "");
+}
+
+void validate_layout(const ModelDims& m, const LayoutSpec& l) {
+  auto s = [](int64_t x) { return std::to_string(x); };
+  require(l.tp >= 1 && l.pp >= 1 && l.vpp >= 1 && l.dp >= 1, "parallel degrees must be at least 1");
+  require(m.heads % l.tp == 0, "num_heads (" + s(m.heads) + ") is not divisible by tensor (" + s(l.tp) + ")");
+  require(m.hidden % m.heads == 0, "hidden_size (" + s(m.hidden) + ") is not divisible by num_heads (" + s(m.heads) + ")");
+  require(m.ffn % l.tp == 0, "ffn_hidden_size (" + s(m.ffn) + ") is not divisible by tensor (" + s(l.tp) + ")");
+  require(m.num_layers % (l.pp * l.vpp) == 0, "num_layers (" + s(m.num_layers) + ") is not divisible by pipeline x virtual (" +
+                                                  s(l.pp * l.vpp) + ")");
+  require(l.micro_batch >= 1 && l.global_batch % (l.micro_batch * l.dp) == 0,
+          "global batch (" + s(l.global_batch) + ") is not divisible by micro batch x data (" + s(l.micro_batch * l.dp) + ")");
+  if (l.sequence_parallel)
+    require((l.micro_batch * m.seq_length) % l.tp == 0, "sequence parallelism needs micro batch x seq_length divisible by tensor");
+  validate_schedule_args(l.pp, l.vpp, static_cast<int>(l.microbatches()));
+}
+
+std::vector<int64_t> chunk_parameter_counts(const ModelDims& m, const LayoutSpec& l, int pp_rank) {
+  const int64_t V = m.padded_vocab(l.tp);
+  ParamBreakdown global = count_gpt_parameters(m.num_layers, m.hidden, m.ffn, m.seq_length, V);
+  // ln1, ln2 (weight + bias each) and the row-parallel biases of proj and fc2 are replicated over tp.
+  const int64_t replicated = 6 * m.hidden;
+  const int64_t per_layer = (global.per_layer - replicated) / l.tp + replicated;
+  std::vector<int64_t> counts;
+  for (int c = 0; c < l.vpp; ++c) {
+    auto [begin, end] = chunk_layer_range(static_cast<int>(m.num_layers), l.pp, l.vpp, pp_rank, c);
+    const bool first = pp_rank == 0 && c == 0, last = pp_rank == l.pp - 1 && c == l.vpp - 1;
+    int64_t n = (end - begin) * per_layer;
+    if (first) n += global.word_embedding / l.tp + global.position_embedding;
+    if (last) n += global.final_layernorm + (first ? 0 : global.word_embedding / l.tp);  // tied copy
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_rank, SendBuffers sends) {
+  validate_layout(m, l);
+  require(pp_rank >= 0 && pp_rank < l.pp, "pipeline rank out of range");
+  MemoryEstimate e;
+  e.pp_rank = pp_rank;
+  const int64_t d = static_cast<int64_t>(dtype_size(l.dtype));
+  const bool sharded = l.distributed_optimizer && l.dp > 1;
+  int64_t optimizer_transient = 0;
+  for (int64_t n : chunk_parameter_counts(m, l, pp_rank)) {
+    const int64_t buffer = padded(n, l.dp);  // ParameterSet pads its flat buffers to a multiple of dp
+    e.parameters += n;
+    e.weights += buffer * d;
+    e.grads += buffer * 4;
+    // Adam state covers parameter elements only (not padding); dp rank 0's shard is the fullest.
+    const int64_t covered = sharded ? std::min<int64_t>(n, buffer / l.dp) : n;
+    e.optimizer += covered * (8 + (l.dtype == DType::F32 ? 0 : 4));
+    if (sharded) optimizer_transient = std::max(optimizer_transient, buffer / l.dp * 4);  // reduce-scatter target
+  }
+  if (l.pp == 1) e.grads += m.padded_vocab(l.tp) / l.tp * m.hidden * 4;  // LM head's own gradient of the tied table
+
+  // Replay this rank's schedule: per pass, peak = live + the pass's own peak; then apply its net effect.
+  const TensorSizes s = tensor_sizes(m, l);
+  const int p = l.pp, v = l.vpp, mbs = static_cast<int>(l.microbatches());
+  std::vector<ChunkShape> shapes(v);
+  std::vector<Effect> fwd(v), bwd(v);
+  std::vector<int64_t> cache(v);
+  for (int c = 0; c < v; ++c) {
+    auto [begin, end] = chunk_layer_range(static_cast<int>(m.num_layers), p, v, pp_rank, c);
+    shapes[c] = {end - begin, pp_rank == 0 && c == 0, pp_rank == p - 1 && c == v - 1};
+    fwd[c] = measure([&](Ledger& L) { chunk_forward(L, s, shapes[c], l.recompute); });
+    bwd[c] = measure([&](Ledger& L) { chunk_backward(L, s, shapes[c], l.recompute); });
+    cache[c] = chunk_cache(s, shapes[c], l.recompute);
+  }
+  e.activation_cache = cache[0];
+  const bool needs_data = pp_rank == 0 || pp_rank == p - 1;
+  const int total = mbs * v, warmup = num_warmup_passes(p, v, mbs, pp_rank);
+  Ledger L;
+  int64_t held = 0;
+  auto run = [&](PassKind kind, int k) {
+    const int c = kind == PassKind::Forward ? (k / p) % v : v - 1 - (k / p) % v;
+    const int stage = c * p + pp_rank;
+    if (kind == PassKind::Forward) {
+      if (needs_data && c == 0) L.alloc(s.batch);  // first pass of the microbatch here loads its tokens
+      if (stage > 0) L.alloc(s.X);                 // received activation
+      L.peak = std::max(L.peak, L.live + fwd[c].peak);
+      L.live += fwd[c].delta;                      // output stays alive in a send buffer, if sent
+      if (stage < p * v - 1 && sends == SendBuffers::FreedOnDelivery) L.free(s.X);
+      e.in_flight = std::max(e.in_flight, ++held);
+    } else {
+      const bool recv = stage < p * v - 1;
+      if (recv) L.alloc(s.X);                      // received gradient
+      L.peak = std::max(L.peak, L.live + bwd[c].peak);
+      L.live += bwd[c].delta;                      // releases the cache; a sent gradient stays alive
+      if (recv) L.free(s.X);
+      if (stage > 0 && sends == SendBuffers::FreedOnDelivery) L.free(s.X);
+      if (needs_data && c == 0) L.free(s.batch);
+      --held;
+    }
+  };
+  for (int k = 0; k < warmup; ++k) run(PassKind::Forward, k);
+  for (int k = 0; k + warmup < total; ++k) run(PassKind::Forward, k + warmup), run(PassKind::Backward, k);
+  for (int k = std::max(0, total - warmup); k < total; ++k) run(PassKind::Backward, k);
+  e.activations = std::max(L.peak, optimizer_transient);
+  return e;
+}
+
+MemoryEstimate estimate_peak_memory(const ModelDims& m, const LayoutSpec& l, SendBuffers sends) {
+  // Stage 0 holds the most microbatches in flight, stage 1 the most of the middle stages (which also keep
+  // send buffers in both directions), the last stage the LM head.
+  MemoryEstimate best;
+  bool have = false;
+  for (int r : {0, 1, l.pp - 1}) {
+    if (r >= l.pp) continue;
+    MemoryEstimate e = estimate_memory(m, l, r, sends);
+    if (!have || e.total() > best.total()) best = e, have = true;
+  }
+  return best;
+}
+
+ModelDims model_dims_from_config(const Config& cfg) {
+  ModelDims m;
+  m.num_layers = cfg.model.num_layers;
+  m.hidden = cfg.model.hidden_size;
+  m.heads = cfg.model.num_heads;
+  m.ffn = cfg.ffn_hidden();
+  m.seq_length = cfg.model.seq_length;
+  m.vocab_size = cfg.model.vocab_size;
+  m.vocab_divisible_by = cfg.model.make_vocab_size_divisible_by;
+  return m;
+}
+
+LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& grid) {
+  LayoutSpec l;
+  l.tp = grid.tp();
+  l.pp = grid.pp();
+  l.dp = grid.dp();
+  l.vpp = static_cast<int>(cfg.parallel.virtual_pipeline);
+  l.micro_batch = cfg.training.micro_batch_size;
+  l.global_batch = cfg.training.global_batch_size;
+  l.sequence_parallel = cfg.parallel.sequence_parallel;
+  l.distributed_optimizer = cfg.parallel.distributed_optimizer;
+  l.recompute = parse_recompute(cfg.training.recompute);
+  const std::string& dt = cfg.precision.dtype;
+  l.dtype = dt == "bf16" ? DType::BF16 : dt == "fp16" ? DType::F16 : DType::F32;
+  return l;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.1f} KiB", b / 1024.0);
+}
+
+std::string format_memory_estimate(const ModelDims& m, const LayoutSpec& l) {
+  std::map<int, MemoryEstimate> stages;
+  for (int r : {0, l.pp - 1}) stages.emplace(r, estimate_memory(m, l, r));
+  MemoryEstimate peak = estimate_peak_memory(m, l);
+  stages.emplace(peak.pp_rank, peak);
+  std::string out;
+  for (const auto& [r, e] : stages) {
+    out += fmt::format(
+        "{}predicted memory per rank, pipeline stage {} of {}: weights {} + grads {} + optimizer {} + activations {} "
+        "(peak of the step; {} chunk pass(es) in flight, {} saved each) = {}",
+        out.empty() ? "" : "\n", r, l.pp, format_bytes(e.weights), format_bytes(e.grads), format_bytes(e.optimizer),
+        format_bytes(e.activations), e.in_flight, format_bytes(e.activation_cache), format_bytes(e.total()));
+  }
+  return out;
+}
+
+}  // namespace gpt

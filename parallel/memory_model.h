@@ -1,0 +1,100 @@
+// Memory model: the bytes one rank holds during a training step, predicted from the model shape and the
+// parallel layout alone, for the start-up log, the planner's "does it fit" test and the check against the
+// CPU backend's exact allocation counters. It mirrors what this codebase allocates:
+//  - weights: each model chunk's flat value buffer in the compute dtype (padded to a multiple of dp);
+//  - grads: the flat fp32 gradient buffer of each chunk, plus the LM head's separate gradient of the tied
+//    embedding when one stage holds both ends (pipeline size 1);
+//  - optimizer: AdamW m and v in fp32, plus fp32 master weights when the compute dtype is not fp32, over
+//    this rank's shard of the buffers with the distributed optimizer (ZeRO-1) or all of them without;
+//  - activations: the peak, over the pipeline schedule of this rank, of everything a step allocates on
+//    top of that: per microbatch and layer the tensors BlockCache keeps (input, ln1, ln1_full, qkv, att,
+//    probs [B, H/tp, T, T] fp32, h, ln2, ln2_full, fc1, act, layernorm statistics) times the microbatches
+//    in flight (num_warmup_passes + 1 chunk passes for 1F1B), the transients of the pass being run (the
+//    LM head's logits and dlogits [N, V/tp] fp32 on the last stage, the gradients of one block in
+//    backward, the layer rebuilt by recomputation), the token batches of the first and last stage, and
+//    the pipeline send buffers, which the executor keeps until the end of the step.
+// Recomputation follows Megatron's meanings: selective drops the attention probabilities (recomputed
+// from the saved qkv), full keeps only each block's input and reruns the block before its backward.
+// The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp,
+// model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline_executor.cpp; a change there needs the
+// same change here (tests/memory_model_test.cpp compares the two on real runs).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/tensor.h"
+#include "model/transformer_block.h"
+
+namespace gpt {
+
+struct Config;
+class GridLayout;
+
+// The model shape as the memory and time models see it.
+struct ModelDims {
+  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq_length = 0;
+  int64_t vocab_size = 0;            // real vocabulary
+  int64_t vocab_divisible_by = 128;  // padded vocabulary = multiple of this * tp
+  int64_t padded_vocab(int tp) const;
+};
+
+// One way to run the model: the degrees of parallelism and the per-step settings that change memory or
+// time. The number of microbatches per step is global_batch / (micro_batch * dp).
+struct LayoutSpec {
+  int tp = 1, pp = 1, vpp = 1, dp = 1;
+  int64_t micro_batch = 1, global_batch = 1;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  Recompute recompute = Recompute::None;
+  DType dtype = DType::F32;
+  int64_t microbatches() const { return global_batch / (micro_batch * dp); }
+  int world() const { return tp * pp * dp; }
+  // "tp=2 pp=2 vpp=1 dp=1 mb=4 recompute=none dist_opt=off"
+  std::string str() const;
+};
+
+const char* recompute_name(Recompute r);
+
+// How long the pipeline executor keeps a sent activation or gradient alive: until the step ends (this
+// codebase's executor, parallel/pipeline_executor.cpp, waits for all its sends after the last pass), or
+// until it is delivered (an executor that waits for each transfer, as Megatron-LM's does).
+enum class SendBuffers { KeptUntilStepEnd, FreedOnDelivery };
+
+// Predicted bytes of one rank (one pipeline stage; every tp and dp rank of a stage holds the same
+// amount, except that dp rank 0 holds the largest optimizer shard).
+struct MemoryEstimate {
+  int pp_rank = 0;
+  int64_t weights = 0, grads = 0, optimizer = 0;
+  int64_t activations = 0;       // peak of everything else during a step (see above)
+  int64_t activation_cache = 0;  // saved tensors of one microbatch through one chunk of this stage
+  int64_t in_flight = 0;         // the most chunk passes whose saved tensors are held at once
+  int64_t parameters = 0;        // parameters this rank holds (its shards, unpadded)
+  int64_t static_bytes() const { return weights + grads + optimizer; }
+  int64_t total() const { return static_bytes() + activations; }
+};
+
+// Throws std::invalid_argument naming the rule when the layout cannot run this model (the same rules the
+// trainer enforces: divisibility of heads, hidden, ffn and layers, the batch split, the interleaved
+// schedule's constraints).
+void validate_layout(const ModelDims& model, const LayoutSpec& layout);
+// The prediction for pipeline rank `pp_rank`, and for the rank that holds the most.
+MemoryEstimate estimate_memory(const ModelDims& model, const LayoutSpec& layout, int pp_rank,
+                               SendBuffers sends = SendBuffers::KeptUntilStepEnd);
+MemoryEstimate estimate_peak_memory(const ModelDims& model, const LayoutSpec& layout,
+                                    SendBuffers sends = SendBuffers::KeptUntilStepEnd);
+
+// Parameters held by pipeline rank `pp_rank`, per model chunk, counting this rank's tensor-parallel
+// shards (replicated tensors in full) and the tied copy of the word embedding on the last stage.
+std::vector<int64_t> chunk_parameter_counts(const ModelDims& model, const LayoutSpec& layout, int pp_rank);
+
+// From a loaded config and its grid layout.
+ModelDims model_dims_from_config(const Config& cfg);
+LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& layout);
+
+// "1.23 GiB", "45.60 MiB", "3.0 KiB".
+std::string format_bytes(int64_t bytes);
+// A few lines for the log: one per pipeline stage that differs (first, last), in GiB.
+std::string format_memory_estimate(const ModelDims& model, const LayoutSpec& layout);
+
+}  // namespace gpt

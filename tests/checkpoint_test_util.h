@@ -1,0 +1,113 @@
+// Helpers shared by the checkpoint tests (tests/checkpoint_test.cpp, tests/checkpoint_mpi_test.cpp): a
+// tiny model config whose layer count allows pipeline 4 x virtual 2, temporary directories, runs that
+// record every step, and small file surgery for the damage tests.
+#pragma once
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "app/trainer.h"
+#include "parallel/checkpoint.h"
+
+namespace gpt::ckpt_test {
+
+namespace fs = std::filesystem;
+
+inline Config tiny_config() {
+  Config cfg;
+  cfg.model.num_layers = 8;  // divisible by pipeline 4 x virtual 2, and by 2 x 2
+  cfg.model.hidden_size = 32;
+  cfg.model.num_heads = 4;
+  cfg.model.seq_length = 16;
+  cfg.model.vocab_size = 100;  // padded to 128 x tp: tp changes the padded rows
+  cfg.training.micro_batch_size = 2;
+  cfg.training.global_batch_size = 16;
+  cfg.training.train_iters = 20;
+  cfg.optimizer.lr = 2e-3;
+  cfg.optimizer.min_lr = 2e-4;
+  cfg.optimizer.warmup_iters = 3;
+  cfg.optimizer.decay_iters = 20;  // the LR schedule must not depend on where a run stops
+  cfg.optimizer.clip_grad = 1.0;
+  cfg.logging.interval = 1000;
+  cfg.checkpoint.keep_last = 0;
+  return cfg;
+}
+
+inline std::string make_temp_dir(const std::string& tag) {
+  const char* base = std::getenv("TMPDIR");
+  std::string templ = std::string(base && *base ? base : "/tmp") + "/gpt_ckpt_" + tag + "_XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed for " + templ);
+  return buf.data();
+}
+
+struct RunRecord {
+  std::vector<double> losses, scales;
+  int64_t skipped = 0;  // steps whose gradients overflowed (fp16)
+  std::vector<std::pair<std::string, std::vector<float>>> weights;
+};
+
+// Trains `cfg` (resuming as the config says) and records each step; weights are gathered at the end.
+inline RunRecord train_run(const Config& cfg, ParallelState& ps, bool gather = false) {
+  auto be = make_backend("cpu");
+  Trainer t(cfg, ps, *be);
+  RunRecord r;
+  for (const StepStats& s : t.train()) {
+    r.losses.push_back(s.loss);
+    r.scales.push_back(s.loss_scale);
+    r.skipped += s.skipped;
+  }
+  if (gather) r.weights = t.gather_global_params();
+  return r;
+}
+
+// The message of the CheckpointError that loading `cfg`'s checkpoint throws ("" when it loads).
+inline std::string resume_error(const Config& cfg, ParallelState& ps) {
+  auto be = make_backend("cpu");
+  Trainer t(cfg, ps, *be);
+  try {
+    t.resume();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline void copy_tree(const std::string& from, const std::string& to) {
+  fs::remove_all(to);
+  fs::copy(from, to, fs::copy_options::recursive);
+}
+
+// File offset of a contiguous dataset's raw data.
+inline int64_t dataset_offset(const std::string& file, const std::string& dataset) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+  haddr_t off = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  if (off == HADDR_UNDEF) throw std::runtime_error("no offset for " + dataset + " in " + file);
+  return static_cast<int64_t>(off);
+}
+
+inline void flip_byte(const std::string& file, int64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(offset);
+  f.write(&c, 1);
+}
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace gpt::ckpt_test

@@ -1,0 +1,150 @@
+// Tests for the shipped configs/ and model/param_count: every configs/*.yaml loads and validates; the
+// published models have the published shapes and parameter counts (GPT-2 124M, a 1.3B GPT-2, GPT-3 175B),
+// computed in closed form and checked against the parameter tensors the model code itself registers;
+// and each large config's parallel layout is valid at the world size it is meant for (process grid,
+// pipeline split, interleaved schedule).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "app/config.h"
+#include "app/trainer.h"
+#include "model/gpt_model.h"
+#include "model/param_count.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+namespace gpt {
+namespace {
+
+std::string config_path(const std::string& name) { return std::string(GPT_SOURCE_DIR) + "/configs/" + name; }
+
+// Independent reference: the global parameter tensors a full single-rank model registers (constructing
+// a chunk only describes its parameters; nothing is allocated), each tied tensor once.
+int64_t registered_parameters(const ModelSpec& spec) {
+  ModelSpec full = spec;
+  full.tp_size = 1;
+  full.tp_rank = 0;
+  ModelChunk model(full, 0, full.num_layers, true, true);
+  int64_t n = 0;
+  for (const auto& p : model.params().params())
+    if (!p->tied_copy) n += shape_numel(p->global_shape);
+  return n;
+}
+
+// The layout checks the train command makes at start-up, for `world` ranks.
+void expect_valid_layout(const Config& cfg, int world, int tp, int pp, int dp, int microbatches) {
+  GridLayout layout = grid_layout_from_config(cfg.parallel, world);
+  EXPECT_EQ(layout.tp(), tp);
+  EXPECT_EQ(layout.pp(), pp);
+  EXPECT_EQ(layout.dp(), dp);
+  EXPECT_NO_THROW(validate_pipeline_layout(static_cast<int>(cfg.model.num_layers), layout.pp(),
+                                           static_cast<int>(cfg.parallel.virtual_pipeline)));
+  const int64_t per_step = cfg.training.micro_batch_size * layout.dp();
+  ASSERT_EQ(cfg.training.global_batch_size % per_step, 0);
+  EXPECT_EQ(cfg.training.global_batch_size / per_step, microbatches);
+  EXPECT_NO_THROW(validate_schedule_args(layout.pp(), static_cast<int>(cfg.parallel.virtual_pipeline),
+                                         static_cast<int>(cfg.training.global_batch_size / per_step)));
+  EXPECT_EQ(cfg.model.num_heads % layout.tp(), 0);
+}
+
+TEST(ShippedConfigs, EveryConfigLoads) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(GPT_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    EXPECT_NO_THROW(load_config(entry.path().string())) << entry.path();
+  }
+  EXPECT_GE(count, 4);
+}
+
+TEST(ParamCount, ClosedFormMatchesTheModelsOwnTensors) {
+  for (auto [layers, hidden, ffn, seq, vocab] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{2, 64, 256, 64, 256}, {3, 48, 100, 17, 301},
+        {12, 768, 3072, 1024, 50304}}) {
+    ModelSpec s;
+    s.num_layers = layers, s.hidden = hidden, s.heads = 4, s.ffn = ffn, s.seq_length = seq;
+    s.vocab_size = s.padded_vocab = vocab;
+    EXPECT_EQ(count_gpt_parameters(s).total(), registered_parameters(s)) << layers << "x" << hidden;
+  }
+  EXPECT_THROW(count_gpt_parameters(2, 0, 4, 4, 4), std::invalid_argument);
+}
+
+TEST(ShippedConfigs, TinyCpu) {
+  Config cfg = load_config(config_path("tiny-cpu.yaml"));
+  EXPECT_EQ(cfg.backend, "cpu");
+  ModelSpec spec = model_spec_from_config(cfg, 1, 0);
+  EXPECT_EQ(count_gpt_parameters(spec).total(), registered_parameters(spec));
+  expect_valid_layout(cfg, 1, 1, 1, 1, 2);
+  expect_valid_layout(cfg, 2, 1, 1, 2, 1);  // every rank a data-parallel replica
+}
+
+TEST(ShippedConfigs, Gpt2Small124M) {
+  Config cfg = load_config(config_path("gpt2-124m.yaml"));
+  EXPECT_EQ(cfg.model.num_layers, 12);
+  EXPECT_EQ(cfg.model.hidden_size, 768);
+  EXPECT_EQ(cfg.model.num_heads, 12);
+  EXPECT_EQ(cfg.model.seq_length, 1024);
+  EXPECT_EQ(cfg.model.vocab_size, 50257);
+  // The published 124M counts the 50257 real embedding rows (the tied head adds nothing).
+  ParamBreakdown real = count_gpt_parameters(12, 768, 3072, 1024, 50257);
+  EXPECT_EQ(real.total(), 124439808);
+  EXPECT_EQ(real.word_embedding, 50257 * 768);
+  EXPECT_EQ(real.per_layer, 7087872);
+  // What a run allocates: the vocabulary padded to 50304 rows.
+  ModelSpec spec = model_spec_from_config(cfg, 1, 0);
+  EXPECT_EQ(spec.padded_vocab, 50304);
+  EXPECT_EQ(count_gpt_parameters(spec).total(), 124475904);
+  EXPECT_EQ(registered_parameters(spec), 124475904);
+  expect_valid_layout(cfg, 8, 1, 1, 8, 4);
+}
+
+TEST(ShippedConfigs, Gpt2Xl1p3B) {
+  Config cfg = load_config(config_path("gpt2-1.3b.yaml"));
+  EXPECT_EQ(cfg.model.num_layers, 24);
+  EXPECT_EQ(cfg.model.hidden_size, 2048);
+  EXPECT_EQ(cfg.model.num_heads, 16);
+  EXPECT_EQ(cfg.model.seq_length, 1024);
+  EXPECT_EQ(cfg.model.vocab_size, 50257);
+  int64_t n = count_gpt_parameters(24, 2048, 8192, 1024, 50257).total();
+  EXPECT_EQ(n, 1313626112);
+  EXPECT_NEAR(double(n) / 1.3e9, 1.0, 0.02);  // "1.3B"
+  ModelSpec spec = model_spec_from_config(cfg, cfg.parallel.tensor, 0);
+  EXPECT_EQ(spec.padded_vocab, 50432);  // a multiple of 128 * tensor parallel 2
+  EXPECT_EQ(count_gpt_parameters(spec).total(), registered_parameters(spec));
+  expect_valid_layout(cfg, 8, 2, 1, 4, 16);
+}
+
+TEST(ShippedConfigs, Gpt3175B) {
+  Config cfg = load_config(config_path("gpt3-175b.yaml"));
+  EXPECT_EQ(cfg.backend, "cuda");
+  EXPECT_EQ(cfg.model.num_layers, 96);
+  EXPECT_EQ(cfg.model.hidden_size, 12288);
+  EXPECT_EQ(cfg.model.num_heads, 96);
+  EXPECT_EQ(cfg.ffn_hidden(), 4 * 12288);
+  EXPECT_EQ(cfg.model.seq_length, 2048);
+  EXPECT_EQ(cfg.model.vocab_size, 51200);
+  EXPECT_EQ(cfg.parallel.tensor, 8);
+  EXPECT_EQ(cfg.parallel.pipeline, 16);
+  EXPECT_GT(cfg.parallel.virtual_pipeline, 1);  // interleaved
+  EXPECT_EQ(cfg.model.num_layers % (cfg.parallel.pipeline * cfg.parallel.virtual_pipeline), 0);
+  EXPECT_EQ(cfg.training.global_batch_size, 1536);
+  EXPECT_EQ(cfg.training.micro_batch_size, 1);
+  EXPECT_EQ(cfg.precision.dtype, "bf16");
+  EXPECT_FALSE(cfg.checkpoint.dir.empty());  // requeued jobs resume from it
+
+  ModelSpec spec = model_spec_from_config(cfg, 8, 0);
+  EXPECT_EQ(spec.padded_vocab, 51200);  // already a multiple of 128 * 8
+  ParamBreakdown p = count_gpt_parameters(spec);
+  EXPECT_EQ(p.total(), 174615846912);
+  EXPECT_NEAR(double(p.total()) / 175e9, 1.0, 0.005);  // "175B"
+  EXPECT_EQ(registered_parameters(spec), p.total());
+  // 128 nodes of 8 GPUs: TP 8 x PP 16 x DP 8, 192 microbatches per step; and the smallest world, one
+  // replica on 16 nodes.
+  expect_valid_layout(cfg, 1024, 8, 16, 8, 192);
+  expect_valid_layout(cfg, 128, 8, 16, 1, 1536);
+}
+
+}  // namespace
+}  // namespace gpt

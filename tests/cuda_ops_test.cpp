@@ -1,0 +1,602 @@
+// The CUDA backend against the CPU backend (the reference, itself checked against finite differences and
+// PyTorch in ops_test and model_test): every op of model/ops/backend.h on the same random inputs, fp32 to
+// 1e-5 and bf16 to 1e-2 (relative, measured against |reference| + the reference's RMS so that elements
+// near zero do not dominate), casts bit for bit, reductions reproducible, device-side input errors
+// raised, the caching allocator's counters, and the whole model's loss and every gradient CUDA vs CPU.
+// GPU tests skip (GTEST_SKIP) when the CUDA backend is not built in or no device is visible; the factory's
+// error message and the host half of the bf16/fp16 conversions are checked everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/gpt_model.h"
+#include "model/ops/backend.h"
+#include "model/ops/half.h"
+#include "parallel/communicator.h"
+
+#ifdef GPT_HAVE_CUDA
+#include "model/ops/cuda/cuda_backend.h"
+#include "model/ops/cuda/cuda_half.cuh"
+#endif
+
+namespace gpt {
+namespace {
+
+using Vec = std::vector<float>;
+
+// The CUDA backend, created once per process; null (with the reason) where it cannot be.
+Backend* cuda_backend(std::string* why) {
+  static std::unique_ptr<Backend> backend;
+  static std::string error;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    try {
+      backend = make_backend("cuda");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (why) *why = error;
+  return backend.get();
+}
+
+TEST(CudaFactory, CreatesTheBackendOrExplainsWhyNot) {
+  std::string why;
+  Backend* be = cuda_backend(&why);
+  if (be) {
+    EXPECT_EQ(be->name(), "cuda");
+    EXPECT_EQ(be->device(), Device::CUDA);
+    return;
+  }
+#ifdef GPT_HAVE_CUDA
+  EXPECT_NE(why.find("backend cuda: no CUDA device is visible ("), std::string::npos) << why;
+#else
+  EXPECT_NE(why.find("not built into this binary"), std::string::npos) << why;
+#endif
+}
+
+#ifdef GPT_HAVE_CUDA
+// The kernels' conversions (cuda_half.cuh) compiled for the host: bit for bit those of half.h.
+TEST(CudaHalf, HostConversionsMatchHalfH) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint16_t b = static_cast<uint16_t>(h);
+    const float a1 = bf16_to_fp32(b), a2 = cuda::bf16_to_f32(b);
+    const float f1 = fp16_to_fp32(b), f2 = cuda::f16_to_f32(b);
+    ASSERT_EQ(std::memcmp(&a1, &a2, 4), 0) << "bf16 bits " << h;
+    ASSERT_EQ(std::memcmp(&f1, &f2, 4), 0) << "fp16 bits " << h;
+  }
+  std::mt19937 rng(5);
+  std::vector<uint32_t> patterns = {0u,          0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                                    0xffffffffu, 0x00000001u, 0x33000000u, 0x33000001u, 0x387fe000u, 0x38800000u,
+                                    0x477fe000u, 0x477ff000u, 0x477fefffu, 0x3f808000u, 0x3f818000u, 0x7f7fffffu};
+  for (int i = 0; i < 2000000; ++i) patterns.push_back(rng());
+  for (uint32_t u : patterns) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    ASSERT_EQ(fp32_to_bf16(f), cuda::f32_to_bf16(f)) << std::hex << u;
+    ASSERT_EQ(fp32_to_fp16(f), cuda::f32_to_f16(f)) << std::hex << u;
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------------
+// GPU vs CPU helpers
+
+class CudaVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    gpu = cuda_backend(&why);
+    if (!gpu) GTEST_SKIP() << "no CUDA backend: " << why;
+  }
+
+  struct Pair {
+    Tensor c, g;  // the same values on the CPU and the GPU
+  };
+
+  Vec randn(int64_t n, float stddev = 1.f) {
+    std::normal_distribution<float> d(0.f, stddev);
+    Vec v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+  }
+  Pair make(const Shape& s, const Vec& v, DType dt = DType::F32) {
+    Pair p{cpu->empty(s, dt), gpu->empty(s, dt)};
+    cpu->upload(v.data(), p.c);
+    gpu->upload(v.data(), p.g);
+    return p;
+  }
+  Pair randn_pair(const Shape& s, DType dt = DType::F32, float stddev = 1.f) { return make(s, randn(shape_numel(s), stddev), dt); }
+  Pair ints(const Shape& s, const std::vector<int32_t>& v) {
+    Pair p{cpu->empty(s, DType::I32), gpu->empty(s, DType::I32)};
+    cpu->upload_i32(v.data(), p.c);
+    gpu->upload_i32(v.data(), p.g);
+    return p;
+  }
+  Pair empty(const Shape& s, DType dt = DType::F32) { return {cpu->empty(s, dt), gpu->empty(s, dt)}; }
+  Vec host(Backend& be, const Tensor& t) {
+    Vec v(t.numel());
+    be.download(t, v.data());
+    return v;
+  }
+  // max_i |g - c| / (|c| + rms(c)) <= rtol.
+  void expect_close(const Pair& p, double rtol, const std::string& what) {
+    const Vec c = host(*cpu, p.c), g = host(*gpu, p.g);
+    ASSERT_EQ(c.size(), g.size()) << what;
+    double ss = 0;
+    for (float x : c) ss += double(x) * x;
+    const double rms = c.empty() ? 0.0 : std::sqrt(ss / c.size());
+    double worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(g[i])) << what << ": GPU value " << g[i] << " at " << i;
+      const double err = std::fabs(double(g[i]) - c[i]) / (std::fabs(c[i]) + rms + 1e-30);
+      if (err > worst) worst = err, at = i;
+    }
+    EXPECT_LE(worst, rtol) << what << ": worst at element " << at << " of " << c.size() << ": GPU " << g[at]
+                           << " CPU " << c[at] << " (rms " << rms << ")";
+  }
+  static double tol(DType dt) { return dt == DType::F32 ? 1e-5 : 1e-2; }
+
+  std::unique_ptr<Backend> cpu = make_backend("cpu");
+  Backend* gpu = nullptr;
+  std::mt19937 rng{20240607};
+};
+
+class CudaVsCpuDtype : public CudaVsCpu, public ::testing::WithParamInterface<DType> {};
+
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return dtype_name(info.param); }
+
+// ---------------------------------------------------------------------------------------------------
+// Memory, casts, counters
+
+TEST_F(CudaVsCpu, CastsAreBitExactIncludingSpecialValues) {
+  Vec v = randn(10007, 3.f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const Vec special = {0.f,     -0.f,    inf,     -inf,     1e-8f,  -1e-8f, 6e-8f,  65504.f, 65519.f,
+                       65520.f, 1e30f,   -1e30f,  1.00390625f, 1.01171875f, 3e-39f, 5.9604645e-8f, 2.9802322e-8f};
+  v.insert(v.end(), special.begin(), special.end());
+  const int64_t n = static_cast<int64_t>(v.size());
+  Pair f = make({n}, v);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    Pair h = empty({n}, dt);
+    cpu->copy(f.c, h.c);
+    gpu->copy(f.g, h.g);
+    const Vec c = host(*cpu, h.c), g = host(*gpu, h.g);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::memcmp(&c[i], &g[i], 4), 0) << dtype_name(dt) << " element " << i << " from " << v[i];
+    // Round trip back to F32 and across 16-bit types.
+    Pair back = empty({n}, DType::F32);
+    cpu->copy(h.c, back.c);
+    gpu->copy(h.g, back.g);
+    EXPECT_EQ(host(*cpu, back.c), host(*gpu, back.g));
+    Pair other = empty({n}, dt == DType::BF16 ? DType::F16 : DType::BF16);
+    cpu->copy(h.c, other.c);
+    gpu->copy(h.g, other.g);
+    const Vec oc = host(*cpu, other.c), og = host(*gpu, other.g);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(std::memcmp(&oc[i], &og[i], 4), 0) << "16-bit to 16-bit at " << i;
+  }
+  // NaN stays NaN.
+  Vec nan = {std::numeric_limits<float>::quiet_NaN()};
+  Pair pn = make({1}, nan, DType::BF16);
+  EXPECT_TRUE(std::isnan(host(*gpu, pn.g)[0]));
+}
+
+TEST_F(CudaVsCpu, FillAndIntTransfers) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    Pair p = empty({1000}, dt);
+    cpu->fill(p.c, -1.7f);
+    gpu->fill(p.g, -1.7f);
+    EXPECT_EQ(host(*cpu, p.c), host(*gpu, p.g));
+    cpu->fill(p.c, 0.f);
+    gpu->fill(p.g, 0.f);
+    EXPECT_EQ(host(*cpu, p.c), host(*gpu, p.g));
+  }
+  std::vector<int32_t> ids(777);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 7919 % 1000) - 300;
+  Tensor t = gpu->empty({777}, DType::I32);
+  gpu->upload_i32(ids.data(), t);
+  std::vector<int32_t> back(777);
+  gpu->download_i32(t, back.data());
+  EXPECT_EQ(ids, back);
+  gpu->fill(t, 42.f);
+  gpu->download_i32(t, back.data());
+  EXPECT_EQ(back, std::vector<int32_t>(777, 42));
+  EXPECT_THROW(gpu->fill(t, 0.5f), std::runtime_error);
+  // A host tensor handed to the GPU backend is refused, not dereferenced.
+  Tensor h = cpu->empty({4});
+  EXPECT_THROW(gpu->fill(h, 1.f), std::runtime_error);
+}
+
+TEST_F(CudaVsCpu, CachingAllocatorReusesBlocksAndCounts) {
+#ifdef GPT_HAVE_CUDA
+  auto* cb = dynamic_cast<CudaBackend*>(gpu);
+  ASSERT_NE(cb, nullptr);
+  const size_t before = gpu->memory_in_use();
+  gpu->reset_memory_peak();
+  {
+    Tensor a = gpu->empty({1 << 20});  // 4 MiB
+    EXPECT_GE(gpu->memory_in_use(), before + (4u << 20));
+    EXPECT_GE(gpu->memory_peak(), before + (4u << 20));
+  }
+  EXPECT_EQ(gpu->memory_in_use(), before);
+  {
+    Tensor warm = gpu->empty({300});  // the small block may not be cached yet
+  }
+  const int64_t mallocs = cb->device_allocations();
+  for (int i = 0; i < 10; ++i) {
+    Tensor a = gpu->empty({1 << 20});
+    Tensor b = gpu->empty({300});
+  }
+  EXPECT_EQ(cb->device_allocations(), mallocs) << "a repeated allocation pattern must be served from the cache";
+  EXPECT_GE(cb->memory_reserved(), gpu->memory_in_use());
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Linear
+
+TEST_P(CudaVsCpuDtype, LinearForwardBackward) {
+  const DType dt = GetParam();
+  const int64_t N = 37, in = 64, out = 48;
+  Pair x = randn_pair({N, in}, dt), w = randn_pair({out, in}, dt, 0.2f), b = randn_pair({out}, dt);
+  Pair y = empty({N, out}, dt);
+  cpu->linear_forward(x.c, w.c, &b.c, y.c);
+  gpu->linear_forward(x.g, w.g, &b.g, y.g);
+  expect_close(y, tol(dt), "y with bias");
+  cpu->linear_forward(x.c, w.c, nullptr, y.c);
+  gpu->linear_forward(x.g, w.g, nullptr, y.g);
+  expect_close(y, tol(dt), "y without bias");
+
+  Pair dy = randn_pair({N, out}, dt);
+  Pair dx = empty({N, in}, dt);
+  Pair dw = randn_pair({out, in}), db = randn_pair({out});  // fp32 gradients, accumulated into
+  cpu->linear_backward(dy.c, x.c, w.c, &dx.c, dw.c, &db.c);
+  gpu->linear_backward(dy.g, x.g, w.g, &dx.g, dw.g, &db.g);
+  expect_close(dx, tol(dt), "dx");
+  expect_close(dw, tol(dt), "dw (accumulated)");
+  expect_close(db, tol(dt), "db (accumulated)");
+  cpu->linear_backward(dy.c, x.c, w.c, nullptr, dw.c, nullptr);
+  gpu->linear_backward(dy.g, x.g, w.g, nullptr, dw.g, nullptr);
+  expect_close(dw, tol(dt), "dw without dx and db");
+}
+
+TEST_P(CudaVsCpuDtype, LinearWithFp32LogitsLikeTheLmHead) {
+  // x and w in the compute dtype, logits and their gradient in fp32.
+  const DType dt = GetParam();
+  const int64_t N = 50, in = 32, V = 200;
+  Pair x = randn_pair({N, in}, dt), w = randn_pair({V, in}, dt, 0.3f);
+  Pair logits = empty({N, V});
+  cpu->linear_forward(x.c, w.c, nullptr, logits.c);
+  gpu->linear_forward(x.g, w.g, nullptr, logits.g);
+  expect_close(logits, tol(dt), "fp32 logits");
+  Pair dlogits = randn_pair({N, V}, DType::F32, 0.01f);
+  Pair dx = empty({N, in}, dt), dw = empty({V, in});
+  cpu->fill(dw.c, 0.f);
+  gpu->fill(dw.g, 0.f);
+  cpu->linear_backward(dlogits.c, x.c, w.c, &dx.c, dw.c, nullptr);
+  gpu->linear_backward(dlogits.g, x.g, w.g, &dx.g, dw.g, nullptr);
+  // 16-bit weights meet the fp32 gradient in 16 bits on the GPU, which costs one extra rounding.
+  expect_close(dx, dt == DType::F32 ? 1e-5 : 2e-2, "dx");
+  expect_close(dw, dt == DType::F32 ? 1e-5 : 2e-2, "dw");
+}
+
+TEST_F(CudaVsCpu, LinearEmptyShapes) {
+  Pair x = empty({0, 8}), w = randn_pair({5, 8}), y = empty({0, 5});
+  gpu->linear_forward(x.g, w.g, nullptr, y.g);
+  Pair x2 = empty({3, 0}), w2 = empty({5, 0}), y2 = empty({3, 5}), b = randn_pair({5});
+  cpu->linear_forward(x2.c, w2.c, &b.c, y2.c);
+  gpu->linear_forward(x2.g, w2.g, &b.g, y2.g);
+  expect_close(y2, 0, "bias only");
+  EXPECT_THROW(gpu->linear_forward(x2.g, w.g, nullptr, y2.g), std::runtime_error);  // in-features differ
+}
+
+// ---------------------------------------------------------------------------------------------------
+// LayerNorm, GELU, elementwise
+
+TEST_P(CudaVsCpuDtype, LayerNormForwardBackward) {
+  const DType dt = GetParam();
+  for (int64_t C : {8, 100, 768}) {
+    const int64_t N = 131;
+    Pair x = make({N, C}, [&] {
+      Vec v = randn(N * C, 2.f);
+      for (auto& e : v) e += 0.5f;
+      return v;
+    }(), dt);
+    Pair gamma = randn_pair({C}, dt), beta = randn_pair({C}, dt);
+    Pair y = empty({N, C}, dt), mean = empty({N}), rstd = empty({N});
+    cpu->layernorm_forward(x.c, gamma.c, beta.c, y.c, mean.c, rstd.c, 1e-5f);
+    gpu->layernorm_forward(x.g, gamma.g, beta.g, y.g, mean.g, rstd.g, 1e-5f);
+    const std::string at = " C=" + std::to_string(C);
+    expect_close(y, tol(dt), "y" + at);
+    expect_close(mean, 1e-5, "mean" + at);
+    expect_close(rstd, 1e-5, "rstd" + at);
+    Pair dy = randn_pair({N, C}, dt), dx = empty({N, C}, dt);
+    Pair dgamma = randn_pair({C}), dbeta = randn_pair({C});
+    cpu->layernorm_backward(dy.c, x.c, gamma.c, mean.c, rstd.c, dx.c, dgamma.c, dbeta.c);
+    gpu->layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g);
+    expect_close(dx, tol(dt), "dx" + at);
+    expect_close(dgamma, tol(dt), "dgamma" + at);
+    expect_close(dbeta, tol(dt), "dbeta" + at);
+  }
+}
+
+TEST_P(CudaVsCpuDtype, GeluAndElementwise) {
+  const DType dt = GetParam();
+  const int64_t n = 100003;
+  Pair x = randn_pair({n}, dt, 2.f), y = empty({n}, dt);
+  cpu->gelu_forward(x.c, y.c);
+  gpu->gelu_forward(x.g, y.g);
+  expect_close(y, tol(dt), "gelu");
+  Pair dy = randn_pair({n}, dt), dx = empty({n}, dt);
+  cpu->gelu_backward(dy.c, x.c, dx.c);
+  gpu->gelu_backward(dy.g, x.g, dx.g);
+  expect_close(dx, tol(dt), "gelu backward");
+  Pair a = randn_pair({n}, dt), out = empty({n}, dt);
+  cpu->add(a.c, x.c, out.c);
+  gpu->add(a.g, x.g, out.g);
+  expect_close(out, tol(dt), "add");
+  Pair acc = randn_pair({n});  // fp32 destination, 16-bit source: the residual-gradient pattern
+  cpu->accumulate(a.c, acc.c);
+  gpu->accumulate(a.g, acc.g);
+  expect_close(acc, 1e-6, "accumulate");
+  cpu->scale(out.c, -0.37f);
+  gpu->scale(out.g, -0.37f);
+  expect_close(out, tol(dt), "scale");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Embedding
+
+TEST_P(CudaVsCpuDtype, EmbeddingShardAndPositions) {
+  const DType dt = GetParam();
+  const int64_t B = 3, T = 11, C = 40, rows = 32, vocab_start = 16;
+  std::vector<int32_t> ids(B * T);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % 64);  // half of them outside the shard
+  ids[0] = ids[5] = ids[9] = 20;                               // repeated ids accumulate
+  Pair idp = ints({B * T}, ids);
+  Pair table = randn_pair({rows, C}, dt), out = empty({B * T, C}, dt);
+  cpu->embedding_forward(idp.c, table.c, vocab_start, out.c);
+  gpu->embedding_forward(idp.g, table.g, vocab_start, out.g);
+  expect_close(out, 0, "embedding forward (a copy)");
+  Pair pos = randn_pair({T + 5, C}, dt);
+  cpu->add_positions(pos.c, T, out.c);
+  gpu->add_positions(pos.g, T, out.g);
+  expect_close(out, tol(dt), "add_positions");
+
+  Pair dout = randn_pair({B * T, C}, dt), dtable = randn_pair({rows, C}), dpos = randn_pair({T + 5, C});
+  cpu->embedding_backward(idp.c, dout.c, vocab_start, dtable.c);
+  gpu->embedding_backward(idp.g, dout.g, vocab_start, dtable.g);
+  expect_close(dtable, 1e-6, "embedding backward");
+  cpu->add_positions_backward(dout.c, T, dpos.c);
+  gpu->add_positions_backward(dout.g, T, dpos.g);
+  expect_close(dpos, 1e-6, "add_positions backward");
+}
+
+TEST_F(CudaVsCpu, NegativeTokenIdIsReported) {
+  Pair idp = ints({3}, {1, -4, 2});
+  Pair table = randn_pair({8, 4}), out = empty({3, 4});
+  gpu->embedding_forward(idp.g, table.g, 0, out.g);
+  try {
+    gpu->synchronize();
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("negative token id -4 at position 1"), std::string::npos) << e.what();
+  }
+  gpu->synchronize();  // the report is cleared once raised
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Attention
+
+TEST_P(CudaVsCpuDtype, CausalAttentionForwardBackward) {
+  const DType dt = GetParam();
+  for (auto [B, T, H, D] : std::vector<std::array<int64_t, 4>>{{2, 67, 3, 16}, {1, 5, 2, 8}, {1, 130, 2, 64}}) {
+    const std::string at = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                           " D=" + std::to_string(D);
+    Pair qkv = randn_pair({B * T, 3 * H * D}, dt);
+    Pair out = empty({B * T, H * D}, dt), probs = empty({B, H, T, T});
+    cpu->attention_forward(qkv.c, B, T, H, D, out.c, probs.c);
+    gpu->attention_forward(qkv.g, B, T, H, D, out.g, probs.g);
+    expect_close(probs, dt == DType::F32 ? 1e-5 : 1e-2, "probs" + at);
+    expect_close(out, tol(dt), "out" + at);
+    // The masked upper triangle is exactly zero.
+    const Vec p = host(*gpu, probs.g);
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = i + 1; j < T; ++j) ASSERT_EQ(p[(bh * T + i) * T + j], 0.f) << "mask at" << at;
+    Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, 3 * H * D}, dt);
+    cpu->attention_backward(dout.c, qkv.c, probs.c, B, T, H, D, dqkv.c);
+    gpu->attention_backward(dout.g, qkv.g, probs.g, B, T, H, D, dqkv.g);
+    expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Cross-entropy
+
+TEST_P(CudaVsCpuDtype, VocabParallelCrossEntropyStages) {
+  const DType dt = GetParam();
+  // A shard holding global ids [50, 150) of a 130-token vocabulary: 80 real columns and 20 of padding.
+  const int64_t N = 29, Vl = 100, vocab_start = 50, vocab_size = 130;
+  std::vector<int32_t> targets(N);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % vocab_size);
+  Pair tg = ints({N}, targets);
+  Pair logits = randn_pair({N, Vl}, dt, 3.f);
+  Pair row_max = empty({N});
+  cpu->ce_row_max(logits.c, vocab_start, vocab_size, row_max.c);
+  gpu->ce_row_max(logits.g, vocab_start, vocab_size, row_max.g);
+  expect_close(row_max, 0, "row_max (exact)");
+  Pair sum_exp = empty({N}), target_logit = empty({N});
+  cpu->ce_sum_exp(logits.c, row_max.c, tg.c, vocab_start, vocab_size, sum_exp.c, target_logit.c);
+  gpu->ce_sum_exp(logits.g, row_max.g, tg.g, vocab_start, vocab_size, sum_exp.g, target_logit.g);
+  expect_close(sum_exp, 1e-5, "sum_exp");
+  expect_close(target_logit, 0, "target_logit (exact)");
+  Pair dlogits = empty({N, Vl});
+  cpu->ce_backward(logits.c, row_max.c, sum_exp.c, tg.c, vocab_start, vocab_size, 0.25f, dlogits.c);
+  gpu->ce_backward(logits.g, row_max.g, sum_exp.g, tg.g, vocab_start, vocab_size, 0.25f, dlogits.g);
+  expect_close(dlogits, 1e-5, "dlogits");
+  const Vec d = host(*gpu, dlogits.g);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = vocab_size - vocab_start; c < Vl; ++c) ASSERT_EQ(d[n * Vl + c], 0.f) << "padding column " << c;
+  // A shard with no real columns: max is -inf.
+  Pair far = empty({N});
+  gpu->ce_row_max(logits.g, 200, vocab_size, far.g);
+  for (float v : host(*gpu, far.g)) EXPECT_EQ(v, -std::numeric_limits<float>::infinity());
+}
+
+TEST_F(CudaVsCpu, TargetOutsideTheVocabularyIsReported) {
+  Pair tg = ints({2}, {3, 500});
+  Pair logits = randn_pair({2, 10}), row_max = empty({2}), sum_exp = empty({2}), tl = empty({2});
+  gpu->ce_row_max(logits.g, 0, 10, row_max.g);
+  gpu->ce_sum_exp(logits.g, row_max.g, tg.g, 0, 10, sum_exp.g, tl.g);
+  Vec out(2);
+  try {
+    gpu->download(sum_exp.g, out.data());
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 500 at row 1 is outside the vocabulary [0, 10)"), std::string::npos)
+        << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Optimizer
+
+TEST_P(CudaVsCpuDtype, SumOfSquaresIsAccurateAndReproducible) {
+  const DType dt = GetParam();
+  for (int64_t n : {1, 1000, 1000003}) {
+    Pair t = randn_pair({n}, dt);
+    const double c = cpu->sum_squares(t.c), g1 = gpu->sum_squares(t.g), g2 = gpu->sum_squares(t.g);
+    EXPECT_NEAR(g1, c, 1e-12 * c) << "n=" << n;
+    EXPECT_EQ(g1, g2) << "n=" << n << ": not reproducible";
+  }
+}
+
+TEST_F(CudaVsCpu, AdamWSteps) {
+  const int64_t n = 50001;
+  Pair w = randn_pair({n}), m = empty({n}), v = empty({n});
+  cpu->fill(m.c, 0.f), gpu->fill(m.g, 0.f), cpu->fill(v.c, 0.f), gpu->fill(v.g, 0.f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    Pair g = randn_pair({n}, DType::F32, 0.1f);
+    cpu->adamw_step(w.c, g.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    gpu->adamw_step(w.g, g.g, m.g, v.g, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+  }
+  expect_close(w, 1e-5, "w");
+  expect_close(m, 1e-5, "m");
+  expect_close(v, 1e-5, "v");
+  Pair bad = empty({n}, DType::BF16);
+  EXPECT_THROW(gpu->adamw_step(bad.g, w.g, m.g, v.g, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1), std::runtime_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaVsCpuDtype, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
+
+// ---------------------------------------------------------------------------------------------------
+// The whole model
+
+struct ModelRun {
+  double loss = 0;
+  std::vector<Vec> grads;  // per parameter, registration order
+};
+
+ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, int64_t B, int steps) {
+  ModelSpec s;
+  s.num_layers = 2;
+  s.hidden = 64;
+  s.heads = 4;
+  s.ffn = 256;
+  s.seq_length = 32;
+  s.vocab_size = 100;
+  s.padded_vocab = 128;
+  s.init_std = 0.2f;  // large enough that every path carries real gradient
+  s.dtype = dt;
+  SelfCommunicator tp("tp");
+  ModelChunk chunk(s, 0, s.num_layers, true, true);
+  chunk.allocate_and_init(be, 11);
+  const int64_t T = s.seq_length;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      in[b * T + t] = tokens[b * (T + 1) + t];
+      tg[b * T + t] = tokens[b * (T + 1) + t + 1];
+    }
+  Microbatch mb;
+  mb.B = B;
+  mb.T = T;
+  mb.tokens = be.empty({B * T}, DType::I32);
+  mb.targets = be.empty({B * T}, DType::I32);
+  be.upload_i32(in.data(), mb.tokens);
+  be.upload_i32(tg.data(), mb.targets);
+  LayerContext ctx{be, tp};
+  ModelRun r;
+  for (int i = 0; i < steps; ++i) {
+    chunk.params().zero_grad(be);
+    chunk.forward(ctx, 0, mb, Tensor(), 1.0f / float(B * T), &r.loss);
+    chunk.backward(ctx, 0, mb, Tensor());
+    chunk.reduce_tied_gradient_locally(be);
+  }
+  for (auto& p : chunk.params().params()) {
+    Vec g(p->grad.numel());
+    be.download(p->grad, g.data());
+    r.grads.push_back(std::move(g));
+  }
+  be.synchronize();
+  return r;
+}
+
+class CudaModelVsCpu : public CudaVsCpu, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(CudaModelVsCpu, LossAndEveryGradientMatch) {
+  const DType dt = GetParam();
+  const int64_t B = 3, T = 32;
+  std::vector<int32_t> tokens(B * (T + 1));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 100);
+  const ModelRun c = run_model(*cpu, dt, tokens, B, 1);
+  const ModelRun g = run_model(*gpu, dt, tokens, B, 1);
+  const double loss_tol = dt == DType::F32 ? 1e-5 : 1e-2;
+  EXPECT_NEAR(g.loss, c.loss, loss_tol * std::fabs(c.loss));
+  // Errors compound through the layers and the backward pass: 1e-4 for fp32, 5e-2 for bf16 (relative to
+  // each element plus the tensor's RMS).
+  const double grad_tol = dt == DType::F32 ? 1e-4 : 5e-2;
+  ASSERT_EQ(c.grads.size(), g.grads.size());
+  for (size_t p = 0; p < c.grads.size(); ++p) {
+    double ss = 0;
+    for (float x : c.grads[p]) ss += double(x) * x;
+    const double rms = std::sqrt(ss / std::max<size_t>(1, c.grads[p].size()));
+    double worst = 0;
+    for (size_t i = 0; i < c.grads[p].size(); ++i)
+      worst = std::max(worst, std::fabs(double(g.grads[p][i]) - c.grads[p][i]) / (std::fabs(c.grads[p][i]) + rms + 1e-30));
+    EXPECT_LE(worst, grad_tol) << "parameter #" << p << " (rms " << rms << ")";
+  }
+}
+
+TEST_F(CudaVsCpu, RepeatedTrainingStepDoesNoDeviceAllocation) {
+#ifdef GPT_HAVE_CUDA
+  auto* cb = dynamic_cast<CudaBackend*>(gpu);
+  ASSERT_NE(cb, nullptr);
+  const int64_t B = 2, T = 32;
+  std::vector<int32_t> tokens(B * (T + 1));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 100);
+  // Two runs warm the cache with every shape a step allocates (and settle which block serves which).
+  run_model(*gpu, DType::BF16, tokens, B, 2);
+  run_model(*gpu, DType::BF16, tokens, B, 2);
+  const int64_t before = cb->device_allocations();
+  run_model(*gpu, DType::BF16, tokens, B, 3);
+  EXPECT_EQ(cb->device_allocations(), before) << "cudaMalloc was called during a repeated step";
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelVsCpu, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
+
+}  // namespace
+}  // namespace gpt

@@ -1,0 +1,348 @@
+// The planner (parallel/planner.h) against published results and against itself:
+//  - Megatron-LM's weak-scaling table (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+//    Training on GPU Clusters Using Megatron-LM", Table 1: GPT models of 1.7B to 1T parameters on up to
+//    3072 A100 80 GB): for each row the planner's predicted TFLOP/s per GPU for the published
+//    (tensor, pipeline, data) layout lies within 20% of the published figure, and that layout ranks
+//    among the planner's top few;
+//  - the enumeration obeys its rules (every listed layout is valid, rejections name the rule), the time
+//    model reduces to Megatron's bubble formula for equal stages, and more devices per node, faster links
+//    or more memory never make a prediction worse;
+//  - hardware descriptions: built-ins are complete and the files in configs/hardware/ say the same.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "app/config.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+#include "app/plan.h"
+#include "parallel/planner.h"
+
+using namespace gpt;
+
+namespace {
+
+struct MegatronRow {
+  double params_b;
+  int heads, hidden, layers, tp, pp, gpus, batch;
+  double tflops;  // achieved teraFLOP/s per GPU, as published
+};
+
+// Table 1 of Narayanan et al. (2021). Every row: sequence 2048, vocabulary 51200, mixed precision,
+// activation recomputation, A100 80 GB in DGX A100 nodes of 8 with 8 HDR InfiniBand links each.
+const std::vector<MegatronRow>& megatron_table1() {
+  static const std::vector<MegatronRow> rows = {
+      {1.7, 24, 2304, 24, 1, 1, 32, 512, 137},       {3.6, 32, 3072, 30, 2, 1, 64, 512, 138},
+      {7.5, 32, 4096, 36, 4, 1, 128, 512, 142},      {18.4, 48, 6144, 40, 8, 1, 256, 1024, 135},
+      {39.1, 64, 8192, 48, 8, 2, 512, 1536, 138},    {76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140},
+      {145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148}, {310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155},
+      {529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163}, {1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163},
+  };
+  return rows;
+}
+
+ModelDims dims(const MegatronRow& r) { return ModelDims{r.layers, r.hidden, r.heads, 4 * r.hidden, 2048, 51200, 128}; }
+
+// The paper's runs: fp16, full recomputation, no distributed optimizer (which did not exist yet).
+PlanOptions paper_options(int gpus) {
+  PlanOptions o;
+  o.devices = gpus;
+  o.recompute = Recompute::Full;
+  o.distributed_optimizer = false;
+  o.dtype = DType::F16;
+  o.send_buffers = SendBuffers::FreedOnDelivery;  // Megatron's p2p waits for each transfer
+  return o;
+}
+
+struct RowResult {
+  double predicted = 0;  // TFLOP/s per GPU of the published (tp, pp, dp), best micro-batch and vpp
+  int rank = 0;          // of the published (tp, pp, dp) among distinct fitting (tp, pp, dp) choices
+  int choices = 0;
+  const PlanEntry* published = nullptr;
+  const PlanEntry* best = nullptr;
+};
+
+RowResult evaluate_row(const Plan& plan, const MegatronRow& r) {
+  RowResult out;
+  const int dp = r.gpus / (r.tp * r.pp);
+  std::set<std::tuple<int, int, int>> seen;
+  for (const PlanEntry& e : plan.layouts) {
+    if (!e.fits) break;
+    auto key = std::make_tuple(e.layout.tp, e.layout.pp, e.layout.dp);
+    if (!seen.insert(key).second) continue;
+    if (!out.best) out.best = &e;
+    if (key == std::make_tuple(r.tp, r.pp, dp)) {
+      out.rank = static_cast<int>(seen.size());
+      out.published = &e;
+      out.predicted = e.time.tflops_per_device;
+    }
+  }
+  out.choices = static_cast<int>(seen.size());
+  return out;
+}
+
+}  // namespace
+
+TEST(PlannerMegatron, Table1WithinTwentyPercentAndNearTheBest) {
+  const HardwareSpec& a100 = *builtin_hardware("a100-80g");
+  std::printf("| params (B) | GPUs | published t/p/d | published TFLOP/s | predicted TFLOP/s | error | micro-batch, vpp | "
+              "rank (of layouts) | planner's best t/p/d (mb, vpp): TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const MegatronRow& r : megatron_table1()) {
+    Plan plan = make_plan(dims(r), r.batch, a100, paper_options(r.gpus));
+    RowResult res = evaluate_row(plan, r);
+    ASSERT_NE(res.published, nullptr) << r.params_b << "B: the published layout does not fit or was not enumerated";
+    const double err = (res.predicted - r.tflops) / r.tflops;
+    const LayoutSpec& pl = res.published->layout;
+    const LayoutSpec& bl = res.best->layout;
+    std::printf("| %.1f | %d | %d/%d/%d | %.0f | %.1f | %+.1f%% | %lld, %d | %d (of %d) | %d/%d/%d (%lld, %d): %.1f |\n",
+                r.params_b, r.gpus, r.tp, r.pp, pl.dp, r.tflops, res.predicted, 100 * err, (long long)pl.micro_batch,
+                pl.vpp, res.rank, res.choices, bl.tp, bl.pp, bl.dp, (long long)bl.micro_batch, bl.vpp,
+                res.best->time.tflops_per_device);
+    EXPECT_LT(std::abs(err), 0.20) << r.params_b << "B";
+    // Ranked among the fitting layouts, and never far enough from the best for train's warning (25%).
+    EXPECT_GE(res.rank, 1) << r.params_b << "B";
+    EXPECT_LT(res.published->time.step_s / res.best->time.step_s, 1.25) << r.params_b << "B";
+  }
+}
+
+// The bigger rows hold 64 to 512 microbatches per step: with this codebase's executor, which keeps every
+// send buffer until the step ends, the published 530B and 1T layouts would not fit in 80 GB.
+TEST(PlannerMegatron, RetainedSendBuffersCostMemory) {
+  const MegatronRow& r = megatron_table1().back();
+  LayoutSpec l;
+  l.tp = r.tp, l.pp = r.pp, l.dp = r.gpus / (r.tp * r.pp), l.micro_batch = 1, l.global_batch = r.batch;
+  l.recompute = Recompute::Full, l.dtype = DType::F16;
+  const HardwareSpec& a100 = *builtin_hardware("a100-80g");
+  EXPECT_TRUE(evaluate_layout(dims(r), l, a100, SendBuffers::FreedOnDelivery).fits);
+  EXPECT_FALSE(evaluate_layout(dims(r), l, a100, SendBuffers::KeptUntilStepEnd).fits);
+  // The difference is exactly the kept activations and gradients: m of each per stage boundary.
+  const int64_t kept = estimate_memory(dims(r), l, 1).total() - estimate_memory(dims(r), l, 1, SendBuffers::FreedOnDelivery).total();
+  EXPECT_GT(kept, 0);
+}
+
+// ---- the time model's parts ----
+
+TEST(PlannerTimeModel, PipelineFormulaMatchesTheScheduleSimulator) {
+  // Equal stages: the simulated makespan of the real schedule tables, in units of one chunk pass,
+  // is the formula's m * S + (p - 1) S / v with S = v (tf + tb).
+  for (int p : {1, 2, 4, 8})
+    for (int v : {1, 2, 4})
+      for (int m : {4, 8, 16}) {
+        if (v > 1 && (p == 1 || m % p)) continue;
+        SimResult sim = simulate(p, v, m, SimCost{1, 2});
+        ASSERT_TRUE(sim.completed) << sim.error;
+        const double S = v * 3.0;
+        EXPECT_DOUBLE_EQ(pipeline_step_seconds(m, v, std::vector<double>(p, S)), double(sim.makespan))
+            << "p " << p << " v " << v << " m " << m;
+      }
+  // Unequal stages, p = 2, m = 2 (a light first stage, a heavy last one): by hand, 2 S1 + S0.
+  EXPECT_DOUBLE_EQ(pipeline_step_seconds(2, 1, {1.0, 5.0}), 11.0);
+}
+
+TEST(PlannerTimeModel, FlopsFollowMegatronsFormula) {
+  // 72 B s l h^2 (1 + s/6h + V/12lh) without recomputation, 96 (1 + s/6h + V/16lh) with full.
+  ModelDims m{24, 2304, 24, 4 * 2304, 2048, 51200, 128};
+  LayoutSpec l;
+  l.global_batch = 512;
+  const double B = 512, s = 2048, L = 24, h = 2304, V = 51200;
+  const double f72 = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+  const double f96 = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h));
+  EXPECT_NEAR(megatron_flops_per_step(m, l) / f72, 1.0, 1e-12);
+  l.recompute = Recompute::Full;
+  EXPECT_NEAR(megatron_flops_per_step(m, l) / f96, 1.0, 1e-12);
+}
+
+TEST(PlannerTimeModel, BetterHardwareNeverPredictsSlower) {
+  ModelDims m{16, 2048, 16, 8192, 2048, 51200, 128};
+  LayoutSpec l;
+  l.tp = 4, l.pp = 2, l.vpp = 2, l.dp = 4, l.micro_batch = 2, l.global_batch = 256, l.dtype = DType::BF16;
+  const HardwareSpec base = *builtin_hardware("h100-80g");
+  const double t0 = estimate_time(m, l, base).step_s;
+  for (double HardwareSpec::*f : {&HardwareSpec::peak_tflops_16bit, &HardwareSpec::memory_bandwidth_gbs,
+                                  &HardwareSpec::intra_node_bandwidth_gbs, &HardwareSpec::inter_node_bandwidth_gbs}) {
+    HardwareSpec better = base;
+    better.*f *= 2;
+    EXPECT_LT(estimate_time(m, l, better).step_s, t0);
+  }
+  // Components add up to the step.
+  TimeEstimate t = estimate_time(m, l, base);
+  EXPECT_NEAR(t.compute_s + t.tp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s + t.optimizer_s, t.step_s, 1e-9 * t.step_s);
+  EXPECT_GT(t.tp_comm_s, 0);
+  EXPECT_GT(t.pp_comm_s, 0);
+  EXPECT_GT(t.dp_comm_s, 0);
+  EXPECT_NEAR(t.bubble_fraction, (2 - 1.0) / (2 * l.microbatches()), 0.2 * (2 - 1.0) / (2 * l.microbatches()));
+}
+
+// ---- the enumeration ----
+
+TEST(PlannerEnumeration, EveryLayoutIsValidAndRejectionsNameTheRule) {
+  ModelDims m{30, 3072, 32, 4 * 3072, 2048, 51200, 128};
+  PlanOptions o;
+  o.devices = 64;
+  Plan plan = make_plan(m, 512, *builtin_hardware("a100-80g"), o);
+  ASSERT_FALSE(plan.layouts.empty());
+  std::set<std::tuple<int, int, int, int, int64_t, int, bool>> unique;
+  for (const PlanEntry& e : plan.layouts) {
+    const LayoutSpec& l = e.layout;
+    EXPECT_EQ(l.world(), 64);
+    EXPECT_EQ(8 % l.tp, 0) << l.str();
+    EXPECT_NO_THROW(validate_layout(m, l)) << l.str();
+    EXPECT_TRUE(unique.insert({l.tp, l.pp, l.vpp, l.dp, l.micro_batch, int(l.recompute), l.distributed_optimizer}).second);
+    EXPECT_EQ(e.fits, e.memory.total() <= plan.hardware.usable_memory_bytes());
+  }
+  for (size_t i = 1; i < plan.layouts.size(); ++i) {
+    const PlanEntry &a = plan.layouts[i - 1], &b = plan.layouts[i];
+    EXPECT_TRUE(a.fits >= b.fits);
+    if (a.fits && b.fits) EXPECT_LE(a.time.step_s, b.time.step_s);
+  }
+  bool layers = false, cross_node = false;
+  for (const RejectedLayout& r : plan.rejected) {
+    layers = layers || r.reason.find("num_layers 30 is not divisible by pipeline 4") != std::string::npos;
+    cross_node = cross_node || (r.tp == 16 && r.reason.find("cross nodes") != std::string::npos);
+  }
+  EXPECT_TRUE(layers);
+  EXPECT_TRUE(cross_node);
+  // Fixing options narrows the search.
+  o.recompute = Recompute::Selective;
+  o.distributed_optimizer = true;
+  for (const PlanEntry& e : make_plan(m, 512, *builtin_hardware("a100-80g"), o).layouts) {
+    EXPECT_EQ(e.layout.recompute, Recompute::Selective);
+    EXPECT_EQ(e.layout.distributed_optimizer, e.layout.dp > 1);
+  }
+}
+
+TEST(PlannerEnumeration, MoreMemoryFitsMore) {
+  ModelDims m{40, 6144, 48, 4 * 6144, 2048, 51200, 128};
+  PlanOptions o;
+  o.devices = 64;
+  int fits80 = 0, fits141 = 0;
+  for (const PlanEntry& e : make_plan(m, 512, *builtin_hardware("h100-80g"), o).layouts) fits80 += e.fits;
+  for (const PlanEntry& e : make_plan(m, 512, *builtin_hardware("h200"), o).layouts) fits141 += e.fits;
+  EXPECT_GT(fits141, fits80);
+}
+
+// ---- hardware descriptions ----
+
+TEST(PlannerHardware, FilesMatchTheBuiltIns) {
+  for (const std::string& name : builtin_hardware_names()) {
+    HardwareSpec file = load_hardware(std::string(GPT_SOURCE_DIR) + "/configs/hardware/" + name + ".yaml");
+    const HardwareSpec& built = *builtin_hardware(name);
+    EXPECT_EQ(file.name, built.name);
+    EXPECT_EQ(file.description, built.description);
+    EXPECT_EQ(file.devices_per_node, built.devices_per_node);
+    HardwareSpec round = hardware_from_yaml(hardware_to_yaml(built), "round trip");
+    for (double HardwareSpec::*f :
+         {&HardwareSpec::peak_tflops_16bit, &HardwareSpec::peak_tflops_fp32, &HardwareSpec::matmul_efficiency,
+          &HardwareSpec::attention_efficiency, &HardwareSpec::memory_gib, &HardwareSpec::memory_reserved_gib,
+          &HardwareSpec::memory_bandwidth_gbs, &HardwareSpec::memory_efficiency, &HardwareSpec::intra_node_bandwidth_gbs,
+          &HardwareSpec::intra_node_efficiency, &HardwareSpec::intra_node_latency_us,
+          &HardwareSpec::inter_node_bandwidth_gbs, &HardwareSpec::inter_node_efficiency,
+          &HardwareSpec::inter_node_latency_us}) {
+      EXPECT_DOUBLE_EQ(file.*f, built.*f) << name;
+      EXPECT_DOUBLE_EQ(round.*f, built.*f) << name;
+    }
+  }
+}
+
+TEST(PlannerHardware, BadFilesNameTheKey) {
+  const std::string good = hardware_to_yaml(*builtin_hardware("a100-80g"));
+  auto message = [](const std::string& yaml) {
+    try {
+      hardware_from_yaml(yaml, "test.yaml");
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(good + "peak_tflop: 3\n").find("unknown key 'peak_tflop'"), std::string::npos);
+  EXPECT_NE(message("peak_tflops_16bit: 10\n").find("missing key"), std::string::npos);
+  std::string bad = good;
+  bad.replace(bad.find("memory_gib: 80"), 14, "memory_gib: lots");
+  EXPECT_NE(message(bad).find("key 'memory_gib' must be a number"), std::string::npos);
+  bad = good;
+  bad.replace(bad.find("matmul_efficiency: 0.7"), 22, "matmul_efficiency: 1.7");
+  EXPECT_NE(message(bad).find("matmul_efficiency"), std::string::npos);
+  EXPECT_THROW(load_hardware("no-such-gpu"), std::runtime_error);
+}
+
+// ---- the command and the trainer's start-up check ----
+
+namespace {
+
+std::string run_plan(const std::vector<std::string>& argv, int* rc) {
+  std::ostringstream out;
+  auto* old = std::cout.rdbuf(out.rdbuf());
+  *rc = plan_main(parse_args(argv));
+  std::cout.rdbuf(old);
+  return out.str();
+}
+
+std::string write_config(const std::string& name, const std::string& yaml) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << yaml;
+  return path;
+}
+
+}  // namespace
+
+TEST(PlanCommand, TableAndJson) {
+  const std::string cfg = write_config("plan_cmd.yaml",
+                                       "model: {num_layers: 24, hidden_size: 2048, num_heads: 16, seq_length: 2048, "
+                                       "vocab_size: 50257}\ntraining: {micro_batch_size: 2, global_batch_size: 256}\n"
+                                       "precision: {dtype: bf16}\nparallel: {tensor: 2}\n");
+  int rc = -1;
+  std::string text = run_plan({"plan", "--config", cfg, "--gpus", "16", "--hardware", "h100-80g", "--top", "5"}, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(text.find("TFLOP/s"), std::string::npos) << text;
+  EXPECT_NE(text.find("configured layout tp=2 pp=1 vpp=1 dp=8 mb=2"), std::string::npos) << text;
+  EXPECT_NE(text.find("break a rule"), std::string::npos) << text;
+  std::string json = run_plan({"plan", "--config", cfg, "--gpus", "16", "--json", "--recompute", "none"}, &rc);
+  EXPECT_EQ(rc, 0);
+  for (const char* key : {"\"tp\":", "\"pp\":", "\"vpp\":", "\"dp\":", "\"micro_batch\":", "\"tflops_per_gpu\":",
+                          "\"step_time_s\":", "\"memory_bytes\":", "\"fits\":", "\"rejected\":"})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  EXPECT_EQ(json.find("\"recompute\":\"full\""), std::string::npos);
+  int depth = 0;
+  for (char c : json) depth += c == '{' ? 1 : c == '}' ? -1 : 0;
+  EXPECT_EQ(depth, 0);
+  // Errors: exit 1 with a message, no crash.
+  EXPECT_EQ(run_plan({"plan", "--config", cfg}, &rc), "");
+  EXPECT_EQ(rc, 1);
+  run_plan({"plan", "--config", cfg, "--gpus", "8", "--hardware", "tpu-v9"}, &rc);
+  EXPECT_EQ(rc, 1);
+}
+
+TEST(PlanCommand, StartupCheckWarnsAndNamesTheBetterLayout) {
+  // A 1.3B model on 8 A100: tensor 8 with micro-batch 1 is predicted far slower than data parallelism.
+  Config cfg = load_config_string(
+      "backend: cuda\nmodel: {num_layers: 24, hidden_size: 2048, num_heads: 16, seq_length: 2048, vocab_size: 50257}\n"
+      "training: {micro_batch_size: 1, global_batch_size: 64}\nprecision: {dtype: bf16}\nparallel: {tensor: 8}\n",
+      "slow.yaml");
+  const HardwareSpec& a100 = *builtin_hardware("a100-80g");
+  auto warnings = layout_check_warnings(cfg, grid_layout_from_config(cfg.parallel, 8), a100, 8);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("slower than tp="), std::string::npos) << warnings[0];
+  // The planner's own best layout draws no warning.
+  PlanOptions o;
+  o.devices = 8;
+  o.dtype = DType::BF16;
+  Plan plan = make_plan(model_dims_from_config(cfg), 64, a100, o);
+  ASSERT_NE(plan.best(), nullptr);
+  const LayoutSpec& b = plan.best()->layout;
+  cfg.parallel.tensor = b.tp, cfg.parallel.pipeline = b.pp, cfg.parallel.virtual_pipeline = b.vpp;
+  cfg.training.micro_batch_size = b.micro_batch;
+  cfg.training.recompute = recompute_name(b.recompute);
+  cfg.parallel.distributed_optimizer = b.distributed_optimizer;
+  std::string info;
+  EXPECT_TRUE(layout_check_warnings(cfg, grid_layout_from_config(cfg.parallel, 8), a100, 8, &info).empty());
+  EXPECT_NE(info.find("predicted"), std::string::npos);
+}
