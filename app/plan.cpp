@@ -472,9 +472,9 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
 // ---- the subcommand ----
 
 int plan_main(const ParsedArgs& args) {
-  args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
-                      "p2p-buffers", "probe", "threads"});
   try {
+    args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
+                        "p2p-buffers", "probe", "threads"});
     if (args.has("probe")) {
       const std::string out = args.get("probe");
       if (out.empty()) throw std::runtime_error("--probe needs the file to write");
@@ -510,8 +510,9 @@ int plan_main(const ParsedArgs& args) {
     else
       print_plan(plan, cfg, m, static_cast<int>(args.get_int("top", 20)));
     return 0;
-  } catch (const CliError&) {
-    throw;
+  } catch (const CliError& e) {
+    std::cerr << "gpt-train plan: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "gpt-train plan: " << e.what() << "\n";
     return 1;

@@ -229,6 +229,20 @@ std::vector<int64_t> chunk_parameter_counts(const ModelDims& m, const LayoutSpec
   return counts;
 }
 
+std::vector<std::pair<PassKind, int>> schedule_passes(int p, int v, int m, int rank) {
+  // Warm-up forwards, (forward, backward) pairs, cool-down backwards; the k-th pass of each kind runs
+  // chunk (k / p) % v, counted from the end for backward (parallel/pipeline_schedule.h).
+  const int total = m * v, warmup = num_warmup_passes(p, v, m, rank);
+  auto chunk = [&](PassKind kind, int k) { return kind == PassKind::Forward ? (k / p) % v : v - 1 - (k / p) % v; };
+  std::vector<std::pair<PassKind, int>> passes;
+  passes.reserve(2 * static_cast<size_t>(total));
+  auto add = [&](PassKind kind, int k) { passes.emplace_back(kind, chunk(kind, k)); };
+  for (int k = 0; k < warmup; ++k) add(PassKind::Forward, k);
+  for (int k = 0; k + warmup < total; ++k) add(PassKind::Forward, k + warmup), add(PassKind::Backward, k);
+  for (int k = std::max(0, total - warmup); k < total; ++k) add(PassKind::Backward, k);
+  return passes;
+}
+
 MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_rank, SendBuffers sends) {
   validate_layout(m, l);
   require(pp_rank >= 0 && pp_rank < l.pp, "pipeline rank out of range");
@@ -264,11 +278,9 @@ MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_r
   }
   e.activation_cache = cache[0];
   const bool needs_data = pp_rank == 0 || pp_rank == p - 1;
-  const int total = mbs * v, warmup = num_warmup_passes(p, v, mbs, pp_rank);
   Ledger L;
   int64_t held = 0;
-  auto run = [&](PassKind kind, int k) {
-    const int c = kind == PassKind::Forward ? (k / p) % v : v - 1 - (k / p) % v;
+  for (const auto& [kind, c] : schedule_passes(p, v, mbs, pp_rank)) {
     const int stage = c * p + pp_rank;
     if (kind == PassKind::Forward) {
       if (needs_data && c == 0) L.alloc(s.batch);  // first pass of the microbatch here loads its tokens
@@ -287,10 +299,7 @@ MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_r
       if (needs_data && c == 0) L.free(s.batch);
       --held;
     }
-  };
-  for (int k = 0; k < warmup; ++k) run(PassKind::Forward, k);
-  for (int k = 0; k + warmup < total; ++k) run(PassKind::Forward, k + warmup), run(PassKind::Backward, k);
-  for (int k = std::max(0, total - warmup); k < total; ++k) run(PassKind::Backward, k);
+  }
   e.activations = std::max(L.peak, optimizer_transient);
   return e;
 }

@@ -21,10 +21,12 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/tensor.h"
 #include "model/transformer_block.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace gpt {
 
@@ -87,6 +89,10 @@ MemoryEstimate estimate_peak_memory(const ModelDims& model, const LayoutSpec& la
 // Parameters held by pipeline rank `pp_rank`, per model chunk, counting this rank's tensor-parallel
 // shards (replicated tensors in full) and the tied copy of the word embedding on the last stage.
 std::vector<int64_t> chunk_parameter_counts(const ModelDims& model, const LayoutSpec& layout, int pp_rank);
+
+// The (kind, local chunk) order of pipeline rank `rank`'s passes: the same order as
+// schedule(p, v, m, rank).actions, without building the table (the planner evaluates thousands of layouts).
+std::vector<std::pair<PassKind, int>> schedule_passes(int p, int v, int m, int rank);
 
 // From a loaded config and its grid layout.
 ModelDims model_dims_from_config(const Config& cfg);

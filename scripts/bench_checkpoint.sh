@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checkpoint save and load time and bytes, against the disk's own speed measured in the same run on the
-# same filesystem: config M (6 layers, hidden 384, 6 heads, seq 256, vocab 50304) and a ~1B-parameter
-# GPT (24 layers, hidden 1792, 16 heads, seq 256, vocab 50304; fp32 weights + Adam moments = 12 bytes
-# per parameter on disk, ~16 GB of memory while training).
+# same filesystem: config M (6 layers, hidden 384, 6 heads, seq 256, vocab 50304; 30M parameters) and a
+# ~1B-parameter GPT (22 layers, hidden 1792, 16 heads, seq 256, vocab 50304; 0.94B parameters: fp32
+# weights + Adam moments = 12 bytes per parameter on disk, ~16 GB of memory while training, which is
+# what a 24 GB machine shared with other work can hold; --layers N changes the layer count).
 #
 # Each case trains one step with checkpoint.dir set (the save after the last step is timed by gpt-train
 # itself: rank files written and fsynced, metadata, rename, `latest`), then evicts the checkpoint from
@@ -11,13 +12,20 @@
 # right after each save and load (a write of the same number of bytes with conv=fdatasync, and a cold
 # read of that file) and the ratio uses the mean of the two. Config M runs three times.
 #
-# usage: scripts/bench_checkpoint.sh [--only M|1B] [BUILD_DIR] [WORK_DIR]
+# usage: scripts/bench_checkpoint.sh [--only M|1B] [--layers N] [BUILD_DIR] [WORK_DIR]
 #   BUILD_DIR defaults to ./build; WORK_DIR (default: a new directory under $TMPDIR or /tmp) needs about
 #   twice the largest checkpoint free (~25 GB for the 1B case). Results are printed as a table.
 set -euo pipefail
 
 only=""
-if [[ "${1:-}" == "--only" ]]; then only="$2"; shift 2; fi
+big_layers=22
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --only) only="$2"; shift 2 ;;
+    --layers) big_layers="$2"; shift 2 ;;
+    *) echo "bench_checkpoint: unknown option $1" >&2; exit 2 ;;
+  esac
+done
 build="${1:-build}"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/gpt_ckpt_bench.XXXXXX")}"
 gpt="$build/gpt-train"
@@ -48,7 +56,12 @@ logged() {
     sed 's/.*: \([0-9]*\) bytes in \([0-9.]*\) s/\1 \2/'
 }
 
-results=()
+header() {
+  echo "checkpoint I/O on $(df -h --output=source,fstype "$work" | tail -1 | tr -s ' ') ($(nproc) cores), one rank"
+  printf "%-4s %10s %8s %8s %8s %6s | %8s %8s %8s %6s\n" case MB "save s" MB/s "dd w" ratio "load s" MB/s "dd r" ratio
+}
+
+# Rows are printed as they are measured (to stdout; progress goes to stderr).
 run_case() {
   local name=$1 layers=$2 hidden=$3 heads=$4 rep=$5
   local dir="$work/$name" cfg="$work/$name.yaml"
@@ -74,19 +87,15 @@ run_case() {
   read -r load_bytes load_s <<< "$(logged loaded "$work/$name.load.log")"
   read -r dd_w3 dd_r3 <<< "$(dd_speeds "$bytes")"
   rm -rf "$dir"
-  results+=("$(awk -v n="$name" -v b="$bytes" -v s="$save_s" -v lb="$load_bytes" -v l="$load_s" \
+  awk -v n="$name" -v b="$bytes" -v s="$save_s" -v lb="$load_bytes" -v l="$load_s" \
                  -v w1="$dd_w1" -v w2="$dd_w2" -v r2="$dd_r2" -v r3="$dd_r3" 'BEGIN {
       sw = b / s / 1e6; dw = (w1 + w2) / 2; lr = lb / l / 1e6; dr = (r2 + r3) / 2;
       printf "%-4s %10.1f %8.2f %8.0f %8.0f %6.2f | %8.2f %8.0f %8.0f %6.2f\n",
-             n, b / 1e6, s, sw, dw, sw / dw, l, lr, dr, lr / dr }')")
+             n, b / 1e6, s, sw, dw, sw / dw, l, lr, dr, lr / dr }'
 }
 
+header
 if [[ -z "$only" || "$only" == "M" ]]; then for rep in 1 2 3; do run_case M 6 384 6 "$rep"; done; fi
-if [[ -z "$only" || "$only" == "1B" ]]; then run_case 1B 24 1792 16 1; fi
-
-echo
-echo "checkpoint I/O on $(df -h --output=source,fstype "$work" | tail -1 | tr -s ' ') ($(nproc) cores), one rank"
-printf "%-4s %10s %8s %8s %8s %6s | %8s %8s %8s %6s\n" case MB "save s" MB/s "dd w" ratio "load s" MB/s "dd r" ratio
-for line in "${results[@]}"; do echo "$line"; done
+if [[ -z "$only" || "$only" == "1B" ]]; then run_case 1B "$big_layers" 1792 16 1; fi
 echo "(MB/s: checkpoint bytes / time; dd w: sequential write with conv=fdatasync, dd r: cold sequential read,"
 echo " each the mean of the runs just before and after; ratio = checkpoint / dd)"

@@ -337,6 +337,12 @@ TEST_F(CheckpointErrors, DamagedIndexAndDanglingLatest) {
   EXPECT_TRUE(contains(e, "names iter_0000099")) << e;
 }
 
+TEST_F(CheckpointErrors, AReplacingSaveCutBetweenItsRenamesLeavesTheOldCopyLoadable) {
+  fs::rename(dir() + "/iter_0000002", dir() + "/iter_0000002.replaced");
+  EXPECT_EQ(resolve_checkpoint(dir()), dir() + "/iter_0000002.replaced");
+  EXPECT_EQ(error_loading(small_config()), "");
+}
+
 TEST_F(CheckpointErrors, ExplicitLoadOfNothingIsAnErrorAutoResumeIsNot) {
   const std::string empty = work_ + "/empty";
   fs::create_directories(empty);

@@ -130,6 +130,23 @@ TEST(MemoryModel, StaticBytesMatchParameterCounts) {
   EXPECT_EQ(sum, V * h + 32 * h + 8 * per_layer + 2 * h + V * h);
 }
 
+TEST(MemoryModel, ReplaysTheScheduleTablesInOrder) {
+  for (int p = 1; p <= 6; ++p)
+    for (int v = 1; v <= 3; ++v)
+      for (int m = 1; m <= 12; ++m) {
+        if (v > 1 && (p == 1 || m % p)) continue;
+        for (int r = 0; r < p; ++r) {
+          auto passes = schedule_passes(p, v, m, r);
+          PipelineSchedule table = schedule(p, v, m, r);
+          ASSERT_EQ(passes.size(), table.actions.size());
+          for (size_t i = 0; i < passes.size(); ++i) {
+            EXPECT_EQ(passes[i].first, table.actions[i].kind) << p << " " << v << " " << m << " " << r << " " << i;
+            EXPECT_EQ(passes[i].second, table.actions[i].chunk) << p << " " << v << " " << m << " " << r << " " << i;
+          }
+        }
+      }
+}
+
 TEST(MemoryModel, RejectsImpossibleLayouts) {
   ModelDims m{6, 64, 4, 256, 32, 500, 128};
   LayoutSpec l;

@@ -274,6 +274,25 @@ TEST(PlannerHardware, BadFilesNameTheKey) {
   EXPECT_THROW(load_hardware("no-such-gpu"), std::runtime_error);
 }
 
+TEST(PlannerHardware, CpuProbeWritesALoadableDescription) {
+  HardwareSpec example = load_hardware(std::string(GPT_SOURCE_DIR) + "/configs/hardware/cpu-probe-example.yaml");
+  EXPECT_EQ(example.name, "cpu-probe");
+  HardwareSpec hw = probe_cpu(1, 2);
+  EXPECT_GT(hw.peak_tflops_fp32, 1e-4);  // at least 0.1 GFLOP/s on any machine that runs the tests
+  EXPECT_GT(hw.peak_tflops_16bit, 1e-4);
+  EXPECT_GT(hw.memory_bandwidth_gbs, 0.1);
+  EXPECT_EQ(hw.devices_per_node, 2);
+  HardwareSpec back = hardware_from_yaml(hardware_to_yaml(hw), "probe");
+  EXPECT_NEAR(back.peak_tflops_fp32, hw.peak_tflops_fp32, 1e-5 * hw.peak_tflops_fp32);
+  // The planner accepts it: config M on the two "devices" of this machine.
+  PlanOptions o;
+  o.devices = 2;
+  o.dtype = DType::F32;
+  Plan plan = make_plan(ModelDims{6, 384, 6, 1536, 256, 50304, 128}, 8, back, o);
+  ASSERT_NE(plan.best(), nullptr);
+  EXPECT_GT(plan.best()->time.step_s, 0);
+}
+
 // ---- the command and the trainer's start-up check ----
 
 namespace {
@@ -319,6 +338,10 @@ TEST(PlanCommand, TableAndJson) {
   EXPECT_EQ(rc, 1);
   run_plan({"plan", "--config", cfg, "--gpus", "8", "--hardware", "tpu-v9"}, &rc);
   EXPECT_EQ(rc, 1);
+  run_plan({"plan", "--config", cfg, "--gpus", "8", "--frobnicate", "1"}, &rc);
+  EXPECT_EQ(rc, 2);
+  run_plan({"plan", "--config", cfg, "--gpus", "eight"}, &rc);
+  EXPECT_EQ(rc, 2);
 }
 
 TEST(PlanCommand, StartupCheckWarnsAndNamesTheBetterLayout) {
