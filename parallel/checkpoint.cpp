@@ -112,6 +112,12 @@ bool compatible_shapes(const std::string& name, const Shape& saved, const Shape&
 
 void load_tensors(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m, int64_t& bytes) {
   CheckpointReader reader(dir, meta);
+  // Which stored data no other rank of this layout reads: the optimizer state when it is not replicated
+  // over data parallelism, the weights when there is no data parallelism. (Tensor-parallel replicas and
+  // the tied embedding are the exceptions; re-reading them costs little.)
+  const ParallelState& ps = *m.ps;
+  if (ps.dp_size() == 1) reader.drop_after_reading({"model", "master", "adam_m", "adam_v"});
+  else if (m.optimizer->distributed()) reader.drop_after_reading({"master", "adam_m", "adam_v"});
   Backend& be = *m.backend;
   // The fp32 truth is the master copy when one was stored. Values come from the stored compute-dtype
   // values when the dtype is unchanged (exact), else from that fp32 truth, rounded on upload.

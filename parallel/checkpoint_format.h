@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -138,6 +139,9 @@ class CheckpointReader {
   CheckpointReader(std::string dir, const CheckpointMeta& meta);
   ~CheckpointReader();
   bool has(const std::string& kind, const std::string& name) const;
+  // Pieces of these kinds are dropped from the page cache once read: for data no other rank will read,
+  // keeping it cached only pushes out useful pages.
+  void drop_after_reading(const std::set<std::string>& kinds);
   // Fills the local elements [begin, end) of this reader's shard `shard` of tensor `name` (this run's
   // global shape `global`) with every element the checkpoint holds for `kind`, leaving the others as they
   // are. Each overlapping piece is read whole and its CRC checked. Returns the number of elements filled.

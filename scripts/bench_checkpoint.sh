@@ -57,7 +57,7 @@ logged() {
 }
 
 header() {
-  echo "checkpoint I/O on $(df -h --output=source,fstype "$work" | tail -1 | tr -s ' ') ($(nproc) cores), one rank"
+  echo "checkpoint I/O on $(df -h --output=source,fstype "$work" | tail -1 | tr -s ' ') ($(getconf _NPROCESSORS_ONLN) cores), one rank"
   printf "%-4s %10s %8s %8s %8s %6s | %8s %8s %8s %6s\n" case MB "save s" MB/s "dd w" ratio "load s" MB/s "dd r" ratio
 }
 

@@ -165,7 +165,8 @@ RunRecord expect_resume_bit_identical(Config cfg, int total = 20, int split = 10
   cfg.training.train_iters = cfg.optimizer.decay_iters = total;
   ParallelState ps = single_process_state();
   const RunRecord straight = train_run(cfg, ps);
-  const std::string dir = make_temp_dir("resume");
+  const TempDir tmp("resume");
+  const std::string& dir = tmp.path;
   cfg.checkpoint.dir = dir;
   Config first = cfg;
   first.training.train_iters = split;
@@ -180,7 +181,6 @@ RunRecord expect_resume_bit_identical(Config cfg, int total = 20, int split = 10
     EXPECT_EQ(got, straight.losses[i]) << cfg.precision.dtype << " step " << i + 1;
     EXPECT_EQ(scale, straight.scales[i]) << cfg.precision.dtype << " step " << i + 1;
   }
-  fs::remove_all(dir);
   return b;
 }
 
@@ -205,7 +205,8 @@ TEST(CheckpointResume, Fp16LossScalerStateIsRestored) {
 TEST(CheckpointResume, KeepLastPrunesOldOnesButNeverTheLatest) {
   Config cfg = small_config();
   cfg.training.train_iters = 5;
-  cfg.checkpoint.dir = make_temp_dir("prune");
+  const TempDir tmp("prune");
+  cfg.checkpoint.dir = tmp.path;
   cfg.checkpoint.save_interval = 1;
   cfg.checkpoint.keep_last = 2;
   ParallelState ps = single_process_state();
@@ -235,7 +236,6 @@ TEST(CheckpointResume, KeepLastPrunesOldOnesButNeverTheLatest) {
   prune_checkpoints(cfg.checkpoint.dir, 1);
   EXPECT_TRUE(fs::exists(cfg.checkpoint.dir + "/iter_0000006"));
   EXPECT_TRUE(fs::exists(cfg.checkpoint.dir + "/iter_0000009"));
-  fs::remove_all(cfg.checkpoint.dir);
 }
 
 // ---- bad input ----
@@ -420,7 +420,8 @@ void write_text(const std::string& path, const std::string& text) {
 }
 
 TEST(CheckpointCrash, SigkillDuringSaveLeavesThePreviousCheckpointLoadable) {
-  const std::string dir = make_temp_dir("crash");
+  const TempDir tmp("crash");
+  const std::string& dir = tmp.path;
   // Large enough that a save (values + Adam moments, ~60 MB) takes a while, small enough to step quickly.
   Config cfg = tiny_config();
   cfg.model.num_layers = 2;
@@ -490,11 +491,11 @@ TEST(CheckpointCrash, SigkillDuringSaveLeavesThePreviousCheckpointLoadable) {
   // That save completed and cleared the leftover staging directory.
   EXPECT_FALSE(fs::exists(staging));
   EXPECT_EQ(read_text_file(cfg.checkpoint.dir + "/latest"), iteration_dir_name(saved_iteration + 1) + "\n");
-  fs::remove_all(dir);
 }
 
 TEST(CheckpointCli, EvalLoadsTheCheckpointOrFailsClearly) {
-  const std::string dir = make_temp_dir("evalcli");
+  const TempDir tmp("evalcli");
+  const std::string& dir = tmp.path;
   Config cfg = small_config();
   cfg.training.train_iters = 3;
   cfg.checkpoint.dir = dir + "/c";
@@ -523,7 +524,6 @@ TEST(CheckpointCli, EvalLoadsTheCheckpointOrFailsClearly) {
   EXPECT_EQ(run_gpt_train({"eval", "--config", base, "--load", dir + "/empty"}, dir + "/fail.log"), 1);
   const std::string fail = read_text_file(dir + "/fail.log");
   EXPECT_TRUE(contains(fail, "nothing to load")) << fail;
-  fs::remove_all(dir);
 }
 
 // ---- convert ----
@@ -601,7 +601,8 @@ std::string run_python(const std::string& script, const std::vector<std::string>
 }
 
 TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
-  const std::string dir = make_temp_dir("convert");
+  const TempDir tmp("convert");
+  const std::string& dir = tmp.path;
   Config cfg = small_config();
   cfg.training.train_iters = 30;  // far enough from the uniform loss that wrong weights show
   cfg.optimizer.decay_iters = 30;
@@ -673,7 +674,6 @@ TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
   } catch (const CheckpointError& e) {
     EXPECT_TRUE(contains(e.what(), "do not fit")) << e.what();
   }
-  fs::remove_all(dir);
 }
 
 }  // namespace

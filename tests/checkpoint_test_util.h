@@ -49,6 +49,18 @@ inline std::string make_temp_dir(const std::string& tag) {
   return buf.data();
 }
 
+// A temporary directory removed with everything in it when the test leaves its scope, passed or not.
+struct TempDir {
+  explicit TempDir(const std::string& tag) : path(make_temp_dir(tag)) {}
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string path;
+};
+
 struct RunRecord {
   std::vector<double> losses, scales;
   int64_t skipped = 0;  // steps whose gradients overflowed (fp16)
