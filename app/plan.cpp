@@ -474,7 +474,7 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
 int plan_main(const ParsedArgs& args) {
   try {
     args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
-                        "p2p-buffers", "probe", "threads"});
+                        "p2p-buffers", "grad-dtype", "p2p-scatter-gather", "probe", "threads"});
     if (args.has("probe")) {
       const std::string out = args.get("probe");
       if (out.empty()) throw std::runtime_error("--probe needs the file to write");
@@ -503,6 +503,12 @@ int plan_main(const ParsedArgs& args) {
     const std::string buffers = args.get("p2p-buffers", "kept");
     if (buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
     else if (buffers != "kept") throw std::runtime_error("--p2p-buffers: expected kept or freed, got '" + buffers + "'");
+    const std::string grads = args.get("grad-dtype", "fp32");
+    if (grads == "compute") o.grads_in_compute_dtype = true;
+    else if (grads != "fp32") throw std::runtime_error("--grad-dtype: expected fp32 or compute, got '" + grads + "'");
+    const std::string sg = args.get("p2p-scatter-gather", "off");
+    if (sg == "on") o.p2p_scatter_gather = true;
+    else if (sg != "off") throw std::runtime_error("--p2p-scatter-gather: expected on or off, got '" + sg + "'");
     const ModelDims m = model_dims_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
     if (args.get_bool("json", false))

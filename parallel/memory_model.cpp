@@ -191,9 +191,10 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string LayoutSpec::str() const {
-  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}", tp, pp, vpp, dp, micro_batch,
-                     recompute_name(recompute), distributed_optimizer ? "on" : "off",
-                     sequence_parallel ? " sp" : "");
+  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}", tp, pp, vpp, dp, micro_batch,
+                     recompute_name(recompute), distributed_optimizer ? "on" : "off", sequence_parallel ? " sp" : "",
+                     grad_dtype == DType::F32 ? "" : std::string(" grads=") + dtype_name(grad_dtype),
+                     p2p_scatter_gather ? " p2p_scatter_gather" : "");
 }
 
 void validate_layout(const ModelDims& m, const LayoutSpec& l) {
@@ -248,20 +249,22 @@ MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_r
   require(pp_rank >= 0 && pp_rank < l.pp, "pipeline rank out of range");
   MemoryEstimate e;
   e.pp_rank = pp_rank;
-  const int64_t d = static_cast<int64_t>(dtype_size(l.dtype));
+  const int64_t d = static_cast<int64_t>(dtype_size(l.dtype)), g = static_cast<int64_t>(dtype_size(l.grad_dtype));
   const bool sharded = l.distributed_optimizer && l.dp > 1;
-  int64_t optimizer_transient = 0;
+  int64_t optimizer_transient = 0, fp32_grad_copies = 0;
   for (int64_t n : chunk_parameter_counts(m, l, pp_rank)) {
     const int64_t buffer = padded(n, l.dp);  // ParameterSet pads its flat buffers to a multiple of dp
     e.parameters += n;
     e.weights += buffer * d;
-    e.grads += buffer * 4;
+    e.grads += buffer * g;
     // Adam state covers parameter elements only (not padding); dp rank 0's shard is the fullest.
     const int64_t covered = sharded ? std::min<int64_t>(n, buffer / l.dp) : n;
     e.optimizer += covered * (8 + (l.dtype == DType::F32 ? 0 : 4));
     if (sharded) optimizer_transient = std::max(optimizer_transient, buffer / l.dp * 4);  // reduce-scatter target
+    else if (g != 4) fp32_grad_copies += covered * 4;  // the optimizer step's fp32 copies of 16-bit gradients
   }
-  if (l.pp == 1) e.grads += m.padded_vocab(l.tp) / l.tp * m.hidden * 4;  // LM head's own gradient of the tied table
+  optimizer_transient = std::max(optimizer_transient, fp32_grad_copies);
+  if (l.pp == 1) e.grads += m.padded_vocab(l.tp) / l.tp * m.hidden * g;  // LM head's own gradient of the tied table
 
   // Replay this rank's schedule: per pass, peak = live + the pass's own peak; then apply its net effect.
   const TensorSizes s = tensor_sizes(m, l);

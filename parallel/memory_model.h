@@ -2,8 +2,8 @@
 // parallel layout alone, for the start-up log, the planner's "does it fit" test and the check against the
 // CPU backend's exact allocation counters. It mirrors what this codebase allocates:
 //  - weights: each model chunk's flat value buffer in the compute dtype (padded to a multiple of dp);
-//  - grads: the flat fp32 gradient buffer of each chunk, plus the LM head's separate gradient of the tied
-//    embedding when one stage holds both ends (pipeline size 1);
+//  - grads: the flat gradient buffer of each chunk (fp32 here; LayoutSpec::grad_dtype), plus the LM head's
+//    separate gradient of the tied embedding when one stage holds both ends (pipeline size 1);
 //  - optimizer: AdamW m and v in fp32, plus fp32 master weights when the compute dtype is not fp32, over
 //    this rank's shard of the buffers with the distributed optimizer (ZeRO-1) or all of them without;
 //  - activations: the peak, over the pipeline schedule of this rank, of everything a step allocates on
@@ -12,7 +12,9 @@
 //    in flight (num_warmup_passes + 1 chunk passes for 1F1B), the transients of the pass being run (the
 //    LM head's logits and dlogits [N, V/tp] fp32 on the last stage, the gradients of one block in
 //    backward, the layer rebuilt by recomputation), the token batches of the first and last stage, and
-//    the pipeline send buffers, which the executor keeps until the end of the step.
+//    the pipeline send buffers, which the executor keeps until the end of the step; or, if larger, the
+//    optimizer step's transient (the distributed optimizer's reduce-scatter target; with 16-bit gradient
+//    buffers, as Megatron-LM has them, their fp32 copies).
 // Recomputation follows Megatron's meanings: selective drops the attention probabilities (recomputed
 // from the saved qkv), full keeps only each block's input and reruns the block before its backward.
 // The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp,
@@ -50,6 +52,14 @@ struct LayoutSpec {
   bool distributed_optimizer = false;
   Recompute recompute = Recompute::None;
   DType dtype = DType::F32;
+  // The gradient buffers, their accumulation over microbatches and their data-parallel reduction: fp32
+  // in this codebase; Megatron-LM keeps them in the compute dtype for fp16 unless
+  // --accumulate-allreduce-grads-in-fp32 is given (then copies them to fp32 for the optimizer step).
+  DType grad_dtype = DType::F32;
+  // Megatron-LM's scatter/gather of pipeline sends (Narayanan et al. 2021, sec. 4.1): each tensor-parallel
+  // rank sends 1/tp of the activation and the receivers all-gather it over the node's links. Time only:
+  // this codebase sends the whole activation from every tensor-parallel rank.
+  bool p2p_scatter_gather = false;
   int64_t microbatches() const { return global_batch / (micro_batch * dp); }
   int world() const { return tp * pp * dp; }
   // "tp=2 pp=2 vpp=1 dp=1 mb=4 recompute=none dist_opt=off"

@@ -209,7 +209,9 @@ TimeEstimate estimate_time(const ModelDims& m, const LayoutSpec& l, const Hardwa
   const double X = (sp ? l.micro_batch * m.seq_length / l.tp : l.micro_batch * m.seq_length) * m.hidden * r.dsize;
   // Pipeline neighbours are tp * dp ranks apart: once the pipeline spans nodes, some hop crosses one.
   const bool pp_inter = nodes_spanned(l.tp * l.dp * p, G) > 1;
-  const double recv = p2p_seconds(X, pp_inter, hw);
+  double recv = p2p_seconds(X, pp_inter, hw);
+  if (l.p2p_scatter_gather && l.tp > 1 && !sp)  // 1/tp of it per rank, then an all-gather inside the node
+    recv = p2p_seconds(X / l.tp, pp_inter, hw) + collective_seconds(X, l.tp, std::min(l.tp, G), 1, hw);
 
   // Per-microbatch time of every stage, split into compute, TP and p2p.
   double s_max = 0;
@@ -249,23 +251,24 @@ TimeEstimate estimate_time(const ModelDims& m, const LayoutSpec& l, const Hardwa
     for (int64_t c : chunk_parameter_counts(m, l, rank)) n += c;
     stage_params = std::max(stage_params, n);
   }
-  buffer_bytes = 4.0 * static_cast<double>(stage_params);
+  const double gsize = static_cast<double>(dtype_size(l.grad_dtype));
+  buffer_bytes = gsize * static_cast<double>(stage_params);
   const int per_node_dp = std::max(1, std::min(l.dp, G / std::max(1, l.tp)));
   const bool sharded = l.distributed_optimizer && l.dp > 1;
   if (sharded) {
     dp = collective_seconds(buffer_bytes, l.dp, per_node_dp, 1, hw) +
-         collective_seconds(buffer_bytes / 4 * r.dsize, l.dp, per_node_dp, 1, hw);
+         collective_seconds(buffer_bytes / gsize * r.dsize, l.dp, per_node_dp, 1, hw);
   } else {
     dp = collective_seconds(buffer_bytes, l.dp, per_node_dp, 2, hw);
   }
   if (p > 1) {  // tied word embedding: first and last stage, p * tp * dp ranks apart
-    const double table = 4.0 * static_cast<double>(m.padded_vocab(l.tp) / l.tp * m.hidden);
+    const double table = gsize * static_cast<double>(m.padded_vocab(l.tp) / l.tp * m.hidden);
     dp += collective_seconds(table, 2, nodes_spanned(l.tp * l.dp * p, G) > 1 ? 1 : 2, 2, hw);
   }
   // AdamW over this rank's shard: master, m, v read and written, gradient read; the cast back to the
   // compute dtype; zeroing, norm and clipping passes over the gradients.
   const double shard = static_cast<double>(stage_params) / (sharded ? l.dp : 1);
-  optimizer = (shard * (28 + 4 + r.dsize + 4 + 8) + static_cast<double>(stage_params) * 4) / r.memory;
+  optimizer = (shard * (28 + 4 + r.dsize + 4 + 8) + static_cast<double>(stage_params) * gsize) / r.memory;
   e.dp_comm_s = dp;
   e.optimizer_s = optimizer;
   e.step_s = pipeline + dp + optimizer;
@@ -338,6 +341,8 @@ Plan make_plan(const ModelDims& m, int64_t global_batch, const HardwareSpec& hw_
               l.distributed_optimizer = dist;
               l.recompute = rc;
               l.dtype = o.dtype;
+              l.grad_dtype = o.grads_in_compute_dtype ? o.dtype : DType::F32;
+              l.p2p_scatter_gather = o.p2p_scatter_gather;
               plan.layouts.push_back(evaluate_layout(m, l, hw, o.send_buffers));
             }
         }

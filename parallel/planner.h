@@ -10,13 +10,14 @@
 //    residual stream, 2 per layer in forward, 2 in backward, 2 more for a full-recompute forward, as ring
 //    collectives over the node's links (TP groups are consecutive ranks, so they stay inside a node);
 //  - pipeline: the 1F1B step of m microbatches takes m * S_max + (sum_r S_r - S_max) / v, S_r being stage
-//    r's time for one microbatch (compute, TP and its point-to-point receives), which is Megatron's
-//    (m + (p - 1) / v) S for equal stages; the bubble is reported as idle / busy = (p - 1) / (v m);
-//  - data parallel: the fp32 gradient all-reduce (reduce-scatter + all-gather with the distributed
-//    optimizer) after the pipeline, not overlapped (as the trainer does it), as a hierarchical ring: an
-//    intra-node part among the group's members on one node, an inter-node part over their network links;
-//    plus the tied-embedding all-reduce between the first and last stage and the optimizer step's memory
-//    traffic.
+//    r's time for one microbatch (compute, TP and its point-to-point receives; with Megatron's
+//    scatter/gather, 1/tp of each activation per link plus an all-gather inside the node), which is
+//    Megatron's (m + (p - 1) / v) S for equal stages; the bubble is reported as idle / busy = (p - 1) / (v m);
+//  - data parallel: the gradient all-reduce in the gradient dtype (fp32 here; reduce-scatter + all-gather
+//    with the distributed optimizer) after the pipeline, not overlapped (as the trainer does it), as a
+//    hierarchical ring: an intra-node part among the group's members on one node, an inter-node part over
+//    their network links; plus the tied-embedding all-reduce between the first and last stage and the
+//    optimizer step's memory traffic.
 // Ranks are placed in Megatron's order (rank = tp + TP * (dp + DP * pp)), devices_per_node per node.
 // TFLOP/s per device counts the FLOPs of Megatron's formula (Narayanan et al. 2021, eq. 3) including the
 // recomputed forward passes: 72 (none) or 96 (full) B s l h^2 (1 + s/6h + ...) for ffn = 4h.
@@ -91,6 +92,9 @@ struct PlanOptions {
   int64_t max_micro_batch = 16;
   int max_virtual_pipeline = 8;
   SendBuffers send_buffers = SendBuffers::KeptUntilStepEnd;  // the executor whose memory is modelled
+  // Megatron-LM's behaviour instead of this codebase's (LayoutSpec::grad_dtype, p2p_scatter_gather):
+  bool grads_in_compute_dtype = false;  // gradient buffers and their dp reduction in the compute dtype
+  bool p2p_scatter_gather = false;      // pipeline sends split over the tp ranks, all-gathered on arrival
 };
 
 struct PlanEntry {

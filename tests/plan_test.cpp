@@ -3,7 +3,8 @@
 //    Training on GPU Clusters Using Megatron-LM", Table 1: GPT models of 1.7B to 1T parameters on up to
 //    3072 A100 80 GB): for each row the planner's predicted TFLOP/s per GPU for the published
 //    (tensor, pipeline, data) layout lies within 20% of the published figure, and that layout ranks
-//    among the planner's top few;
+//    among the planner's top 3 (seven rows) or, where the model prefers less TP (three rows), within 25%
+//    of the best;
 //  - the enumeration obeys its rules (every listed layout is valid, rejections name the rule), the time
 //    model reduces to Megatron's bubble formula for equal stages, and more devices per node, faster links
 //    or more memory never make a prediction worse;
@@ -35,24 +36,31 @@ struct MegatronRow {
   double params_b;
   int heads, hidden, layers, tp, pp, gpus, batch;
   double tflops;  // achieved teraFLOP/s per GPU, as published
+  // Whether the planner ranks the published (t, p, d) among its top 3. Not in the 7.5B, 18.4B and 39.1B
+  // rows: there the time model predicts less TP and some PP faster, and would rank the published layout
+  // below the top 3 even with intra-node communication free (docs/planner.md, "Ranking").
+  bool top3;
 };
 
 // Table 1 of Narayanan et al. (2021). Every row: sequence 2048, vocabulary 51200, mixed precision,
 // activation recomputation, A100 80 GB in DGX A100 nodes of 8 with 8 HDR InfiniBand links each.
 const std::vector<MegatronRow>& megatron_table1() {
   static const std::vector<MegatronRow> rows = {
-      {1.7, 24, 2304, 24, 1, 1, 32, 512, 137},       {3.6, 32, 3072, 30, 2, 1, 64, 512, 138},
-      {7.5, 32, 4096, 36, 4, 1, 128, 512, 142},      {18.4, 48, 6144, 40, 8, 1, 256, 1024, 135},
-      {39.1, 64, 8192, 48, 8, 2, 512, 1536, 138},    {76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140},
-      {145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148}, {310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155},
-      {529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163}, {1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163},
+      {1.7, 24, 2304, 24, 1, 1, 32, 512, 137, true},       {3.6, 32, 3072, 30, 2, 1, 64, 512, 138, true},
+      {7.5, 32, 4096, 36, 4, 1, 128, 512, 142, false},     {18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, false},
+      {39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, false},   {76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, true},
+      {145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, true}, {310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, true},
+      {529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, true}, {1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, true},
   };
   return rows;
 }
 
 ModelDims dims(const MegatronRow& r) { return ModelDims{r.layers, r.hidden, r.heads, 4 * r.hidden, 2048, 51200, 128}; }
 
-// The paper's runs: fp16, full recomputation, no distributed optimizer (which did not exist yet).
+// The paper's runs: fp16, full recomputation, no distributed optimizer (which did not exist yet), and
+// Megatron-LM's executor: p2p buffers released once delivered, fp16 gradient buffers all-reduced in fp16
+// (Megatron's fp16 default; --accumulate-allreduce-grads-in-fp32 was opt-in, forced only for bf16), and
+// the scatter/gather of pipeline sends over the tensor-parallel ranks (the paper's sec. 4.1, on by default).
 PlanOptions paper_options(int gpus) {
   PlanOptions o;
   o.devices = gpus;
@@ -60,6 +68,8 @@ PlanOptions paper_options(int gpus) {
   o.distributed_optimizer = false;
   o.dtype = DType::F16;
   o.send_buffers = SendBuffers::FreedOnDelivery;  // Megatron's p2p waits for each transfer
+  o.grads_in_compute_dtype = true;
+  o.p2p_scatter_gather = true;
   return o;
 }
 
@@ -95,7 +105,7 @@ RowResult evaluate_row(const Plan& plan, const MegatronRow& r) {
 TEST(PlannerMegatron, Table1WithinTwentyPercentAndNearTheBest) {
   const HardwareSpec& a100 = *builtin_hardware("a100-80g");
   std::printf("| params (B) | GPUs | published t/p/d | published TFLOP/s | predicted TFLOP/s | error | micro-batch, vpp | "
-              "rank (of layouts) | planner's best t/p/d (mb, vpp): TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
+              "rank (of choices) | planner's best t/p/d (mb, vpp): TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const MegatronRow& r : megatron_table1()) {
     Plan plan = make_plan(dims(r), r.batch, a100, paper_options(r.gpus));
     RowResult res = evaluate_row(plan, r);
@@ -108,8 +118,10 @@ TEST(PlannerMegatron, Table1WithinTwentyPercentAndNearTheBest) {
                 pl.vpp, res.rank, res.choices, bl.tp, bl.pp, bl.dp, (long long)bl.micro_batch, bl.vpp,
                 res.best->time.tflops_per_device);
     EXPECT_LT(std::abs(err), 0.20) << r.params_b << "B";
-    // Ranked among the fitting layouts, and never far enough from the best for train's warning (25%).
+    // Ranked among the fitting layouts, in the top 3 where the model agrees with the paper's choice, and
+    // never far enough from the best for train's warning (25%).
     EXPECT_GE(res.rank, 1) << r.params_b << "B";
+    if (r.top3) EXPECT_LE(res.rank, 3) << r.params_b << "B";
     EXPECT_LT(res.published->time.step_s / res.best->time.step_s, 1.25) << r.params_b << "B";
   }
 }
@@ -146,6 +158,28 @@ TEST(PlannerTimeModel, PipelineFormulaMatchesTheScheduleSimulator) {
       }
   // Unequal stages, p = 2, m = 2 (a light first stage, a heavy last one): by hand, 2 S1 + S0.
   EXPECT_DOUBLE_EQ(pipeline_step_seconds(2, 1, {1.0, 5.0}), 11.0);
+}
+
+TEST(PlannerTimeModel, MegatronExecutorOptionsChargeWhatTheyChange) {
+  // 16-bit gradient buffers halve the gradient memory and the data-parallel bytes; the optimizer step then
+  // needs fp32 copies of them. Scatter/gather moves 1/tp of each activation between nodes.
+  ModelDims m{16, 2048, 16, 8192, 2048, 51200, 128};
+  LayoutSpec l;
+  l.tp = 4, l.pp = 4, l.dp = 4, l.micro_batch = 1, l.global_batch = 64, l.dtype = DType::F16;
+  const HardwareSpec& a100 = *builtin_hardware("a100-80g");
+  LayoutSpec megatron = l;
+  megatron.grad_dtype = DType::F16;
+  const MemoryEstimate m32 = estimate_memory(m, l, 0), m16 = estimate_memory(m, megatron, 0);
+  EXPECT_EQ(m16.grads * 2, m32.grads);
+  EXPECT_GE(m16.activations, m16.parameters * 4);
+  const TimeEstimate t32 = estimate_time(m, l, a100), t16 = estimate_time(m, megatron, a100);
+  EXPECT_LT(t16.dp_comm_s, 0.6 * t32.dp_comm_s);
+  EXPECT_DOUBLE_EQ(t16.pp_comm_s, t32.pp_comm_s);
+  megatron.p2p_scatter_gather = true;
+  const TimeEstimate sg = estimate_time(m, megatron, a100);
+  EXPECT_LT(sg.pp_comm_s, 0.5 * t16.pp_comm_s);
+  EXPECT_DOUBLE_EQ(sg.tp_comm_s, t16.tp_comm_s);
+  EXPECT_NE(megatron.str().find("grads=fp16 p2p_scatter_gather"), std::string::npos) << megatron.str();
 }
 
 TEST(PlannerTimeModel, FlopsFollowMegatronsFormula) {
