@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """CPU benchmark harness: gpt-train against an equivalent PyTorch training step, in one run, on this machine.
 
-    compare.py [--configs S,M,124M] [--dtypes fp32,bf16] [--threads K] [--layouts] [--no-throughput]
+    compare.py [--configs S,M,124M] [--dtypes fp32,bf16] [--threads K] [--layouts] [--recompute] [--no-throughput]
                [--gpt-train PATH] [--gemm-peak PATH] [--work-dir DIR] [--openblas-coretype NAME]
                [--steps-scale X] [--timeout SECONDS] [--wait-idle SECONDS] [--idle-threshold F]
 
@@ -18,6 +18,12 @@ microbatches of 2 for every layout, so each does the same arithmetic per step (1
 Reports tokens/s and the per-rank communication volume that gpt-train's byte counters log, next to the
 volume the layout implies.
 
+Recomputation part (--recompute): for every config and dtype, gpt-train again with training.recompute =
+selective (the attention core, Megatron's meaning) and full (each block's forward rerun before its
+backward); the table shows the step time each costs and the memory it saves against recompute = none
+(the throughput run, or a fresh one under --no-throughput): the trainer's own allocation peak of the
+step, and the process's peak RSS.
+
 Definitions (printed with the tables):
   tokens/s   tokens per step / mean step time over the timed steps (the first `warmup` steps are dropped;
              bench_torch.py reports the same statistic); gpt-train's median step is shown as well.
@@ -25,7 +31,8 @@ Definitions (printed with the tables):
              vocabulary (app/flops.h, the number gpt-train logs as TFLOP/s/device), times steps per
              second. The same formula for both sides; it counts the full (unmasked) attention products.
   % peak     achieved GFLOP/s / the best measured GEMM rate of the same dtype (fp32: OpenBLAS sgemm;
-             bf16: cblas_sbgemm if available, else PyTorch's bf16 matmul).
+             bf16: the fastest of cblas_sbgemm (if OpenBLAS has it), PyTorch's bf16 matmul and gpt-train's
+             own bf16 GEMM).
   peak RSS   maximum resident set size of the process (per rank), from /usr/bin/time -v.
   CPU %      the process's CPU time / wall time (/usr/bin/time); well under 100 x K means other work on
              the machine took cores during the run, and the load column is the 1-minute load before it.
@@ -165,12 +172,12 @@ def last_json_line(path):
 # ---- the two sides ----
 
 def gpt_train_args(args, layers, hidden, heads, seq, vocab, global_batch, micro_batch, iters, dtype, metrics,
-                   tp=1, pp=1, vpp=1):
+                   tp=1, pp=1, vpp=1, recompute="none"):
     sets = {
         "model.num_layers": layers, "model.hidden_size": hidden, "model.num_heads": heads,
         "model.ffn_hidden_size": 0, "model.seq_length": seq, "model.vocab_size": vocab,
         "training.micro_batch_size": micro_batch, "training.global_batch_size": global_batch,
-        "training.train_iters": iters, "training.recompute": "none", "training.threads": 0,
+        "training.train_iters": iters, "training.recompute": recompute, "training.threads": 0,
         "data.synthetic": "random", "precision.dtype": dtype,
         "parallel.tensor": tp, "parallel.pipeline": pp, "parallel.virtual_pipeline": vpp, "parallel.data": 0,
         # bench_torch.py: AdamW lr 1e-4 (constant), wd 0.1, betas (0.9, 0.95), eps 1e-8, clip 1.0.
@@ -197,18 +204,18 @@ def summarize_metrics(metrics, warmup):
             "logged_tflops": statistics.median(r["tflops_per_device"] for r in timed)}
 
 
-def run_ours(args, name, dtype, out_dir):
+def run_ours(args, name, dtype, out_dir, recompute="none"):
     layers, hidden, heads, seq, batch, vocab, warmup, steps = CONFIGS[name]
     steps = max(1, round(steps * args.steps_scale))
-    tag = f"{name}-{dtype}-gpt-train"
+    tag = f"{name}-{dtype}-gpt-train" + ("" if recompute == "none" else f"-recompute-{recompute}")
     metrics, time_file = os.path.join(out_dir, tag + ".jsonl"), os.path.join(out_dir, tag + ".time")
     for path in (metrics, time_file):
         if os.path.exists(path):
             os.remove(path)  # the metrics writer appends
     cmd = ["/usr/bin/time", "-v", "-o", time_file] + gpt_train_args(
-        args, layers, hidden, heads, seq, vocab, batch, batch, warmup + steps, dtype, metrics)
+        args, layers, hidden, heads, seq, vocab, batch, batch, warmup + steps, dtype, metrics, recompute=recompute)
     waited = wait_for_idle(args)
-    result = {"impl": "gpt-train", "config": name, "dtype": dtype, "load_before": load_average(),
+    result = {"impl": "gpt-train", "config": name, "dtype": dtype, "recompute": recompute, "load_before": load_average(),
               "waited_for_idle_s": waited, "command": shlex.join(cmd)}
     rc, wall = run_logged(cmd, thread_env(args.threads, args.openblas_coretype), os.path.join(out_dir, tag + ".log"),
                           args.timeout)
@@ -257,8 +264,13 @@ def measure_peaks(args, out_dir):
         peaks["torch"] = last_json_line(os.path.join(out_dir, "torch_gemm_peak.log"))
     ob, tg = peaks.get("openblas", {}), peaks.get("torch", {})
     peaks["fp32_gflops"] = ob.get("sgemm_gflops")
-    peaks["bf16_gflops"] = ob.get("sbgemm_gflops") or tg.get("bf16_gflops")
-    peaks["bf16_source"] = "OpenBLAS cblas_sbgemm" if ob.get("sbgemm_gflops") else "PyTorch bf16 matmul (oneDNN)"
+    # The machine's bf16 peak: the fastest bf16 GEMM measured here, whoever's it is.
+    bf16 = {"OpenBLAS cblas_sbgemm": ob.get("sbgemm_gflops"), "PyTorch bf16 matmul (oneDNN)": tg.get("bf16_gflops"),
+            "gpt-train bf16 GEMM (AVX512-BF16)": ob.get("gpt_train_bf16_gflops")}
+    bf16 = {k: v for k, v in bf16.items() if v}
+    peaks["bf16_all"] = bf16
+    peaks["bf16_source"] = max(bf16, key=bf16.get) if bf16 else None
+    peaks["bf16_gflops"] = bf16[peaks["bf16_source"]] if bf16 else None
     return peaks
 
 
@@ -268,6 +280,10 @@ def best_peaks(first, second):
     for key in ("fp32_gflops", "bf16_gflops"):
         values = [p[key] for p in (first, second) if p.get(key)]
         best[key] = max(values) if values else None
+    if first.get("bf16_gflops") and first["bf16_gflops"] == best["bf16_gflops"]:
+        best["bf16_source"] = first.get("bf16_source")
+    best["bf16_all"] = {k: max(p.get("bf16_all", {}).get(k) or 0 for p in (first, second))
+                        for k in set(first.get("bf16_all", {})) | set(second.get("bf16_all", {}))}
     for side, key in (("openblas", "sgemm_gflops"), ("torch", "bf16_gflops")):
         if first.get(side, {}).get(key, 0) > second.get(side, {}).get(key, 0):
             best[side] = first[side]
@@ -368,7 +384,8 @@ def print_throughput(rows, peaks, threads):
           "OMP_WAIT_POLICY=PASSIVE for both)")
     ob = peaks.get("openblas", {})
     print(f"GEMM peak: fp32 {fmt(peaks.get('fp32_gflops'), '.1f')} GFLOP/s (OpenBLAS sgemm, core "
-          f"{ob.get('core', '?')}); bf16 {fmt(peaks.get('bf16_gflops'), '.1f')} GFLOP/s ({peaks.get('bf16_source')}); "
+          f"{ob.get('core', '?')}); bf16 {fmt(peaks.get('bf16_gflops'), '.1f')} GFLOP/s ({peaks.get('bf16_source')}; "
+          f"all: {', '.join(f'{k} {v:.1f}' for k, v in peaks.get('bf16_all', {}).items())}); "
           f"PyTorch fp32 matmul {fmt(peaks.get('torch', {}).get('fp32_gflops'), '.1f')} GFLOP/s")
     print("GFLOP/s = 72 B s l h^2 (1 + s/6h + V/12lh) per step (Megatron, V padded) x steps/s; tokens/s from the "
           "mean timed step\n")
@@ -405,6 +422,34 @@ def print_throughput(rows, peaks, threads):
                   f"{cpu} | {load} |")
 
 
+def print_recompute(rows):
+    print("\nActivation recomputation (gpt-train, training.recompute): step time and memory against 'none'")
+    print("peak MB = the trainer's allocation high-water mark of the step (tensors only; logged as mem_peak); "
+          "RSS = /usr/bin/time's maximum resident set size\n")
+    head = ("| config | dtype | recompute | tok/s | step ms | time cost | peak MB | saved MB | saved | RSS MB | "
+            "CPU % |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    by_key = {(r["config"], r["dtype"], r["recompute"]): r for r in rows}
+    for name in CONFIGS:
+        for dtype in ("fp32", "bf16"):
+            base = by_key.get((name, dtype, "none"))
+            for mode in ("none", "selective", "full"):
+                r = by_key.get((name, dtype, mode))
+                if not r:
+                    continue
+                if r.get("rc") != 0:
+                    print(f"| {name} | {dtype} | {mode} | failed ({r.get('rc')}) |" + " - |" * 7)
+                    continue
+                ok = base and base.get("rc") == 0
+                cost = fmt(100 * (r["step_ms"] / base["step_ms"] - 1), "+.1f") + "%" if ok else "-"
+                saved = base["mem_peak_mb"] - r["mem_peak_mb"] if ok else None
+                saved_pct = fmt(100 * saved / base["mem_peak_mb"], ".0f") + "%" if ok and base["mem_peak_mb"] else "-"
+                print(f"| {name} | {dtype} | {mode} | {fmt(r['tokens_per_s'])} | {fmt(r['step_ms'])} | {cost} | "
+                      f"{fmt(r['mem_peak_mb'])} | {fmt(saved)} | {saved_pct} | {fmt(r.get('peak_rss_mb'))} | "
+                      f"{fmt(r.get('cpu_percent'))} |")
+
+
 def print_layouts(rows):
     print("\nParallel layouts, config M fp32, global batch 8 in microbatches of 2, one thread per rank unless "
           "noted")
@@ -435,6 +480,9 @@ def parse_args(argv):
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--layouts", action="store_true", help="also run the parallel-layout comparison")
+    parser.add_argument("--recompute", action="store_true",
+                        help="also run gpt-train with training.recompute=selective and full for each config and "
+                             "dtype, and print the memory saved and the time it costs")
     parser.add_argument("--no-throughput", action="store_true", help="skip the gpt-train vs PyTorch part")
     parser.add_argument("--gpt-train", default=os.path.join(REPO, "build", "gpt-train"))
     parser.add_argument("--gemm-peak", default=os.path.join(REPO, "build", "bench", "gemm_peak"))
@@ -470,7 +518,7 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
     results = {"threads": args.threads, "openblas_coretype": args.openblas_coretype or None,
-               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "throughput": [], "layouts": []}
+               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "throughput": [], "layouts": [], "recompute": []}
     out_json = os.path.join(args.work_dir, "results.json")
 
     def save():
@@ -493,6 +541,21 @@ def main(argv=None):
         results["peaks"] = best_peaks(results["peaks"], measure_peaks(args, args.work_dir))
         save()
         print_throughput(results["throughput"], results["peaks"], args.threads)
+    if args.recompute:
+        for name in args.configs:
+            for dtype in args.dtypes:
+                base = next((r for r in results["throughput"]
+                             if r["impl"] == "gpt-train" and r["config"] == name and r["dtype"] == dtype), None)
+                modes = ("selective", "full") if base else ("none", "selective", "full")
+                if base:
+                    results["recompute"].append(base)
+                for mode in modes:
+                    r = run_ours(args, name, dtype, args.work_dir, recompute=mode)
+                    print(f"  gpt-train {name} {dtype} recompute={mode}: rc={r['rc']} {fmt(r.get('tokens_per_s'))} "
+                          f"tokens/s ({r['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+                    results["recompute"].append(r)
+                    save()
+        print_recompute(results["recompute"])
     if args.layouts:
         for layout in LAYOUTS:
             r = run_layout(args, layout, args.work_dir)
@@ -504,7 +567,7 @@ def main(argv=None):
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     save()
     print(f"\nresults: {out_json}; logs next to it")
-    failed = [r for r in results["throughput"] + results["layouts"] if r.get("rc") != 0]
+    failed = [r for r in results["throughput"] + results["layouts"] + results["recompute"] if r.get("rc") != 0]
     return 1 if failed else 0
 
 

@@ -5,7 +5,9 @@
 // passed, and reports the best repetition's rate (2 n^3 FLOPs per product). cblas_sbgemm is looked up at
 // run time because OpenBLAS builds without BUILD_BFLOAT16 (Debian's 0.3.21 among them) do not export it;
 // then sbgemm is reported as null and the harness takes the bf16 peak from PyTorch's bf16 matmul instead.
-// The result is only meaningful
+// It also times gpt-train's own bf16 GEMM (model/ops/cpu/cpu_gemm_bf16.h, AVX512-BF16) on the same
+// matrices with --threads OpenMP threads, reported as "gpt_train_bf16"; null where the CPU lacks it.
+// The OpenBLAS result is only meaningful
 // for the OpenBLAS kernel family that was selected at load time (printed as "core", see
 // OPENBLAS_CORETYPE), so the harness runs it under the same environment as the training runs.
 //
@@ -24,6 +26,10 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <omp.h>
+
+#include "model/ops/cpu/cpu_gemm_bf16.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" char* openblas_get_config(void);
@@ -134,7 +140,9 @@ int run(int argc, char** argv) {
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
 
   const auto sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
-  double sgemm_peak = 0, sbgemm_peak = 0;
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const bool own_bf16 = cpu::bf16_gemm_available();
+  double sgemm_peak = 0, sbgemm_peak = 0, own_peak = 0;
   std::string per_size;
   for (int64_t n : o.sizes) {
     std::vector<float> a(n * n), b(n * n), c(n * n, 0.f);
@@ -146,31 +154,41 @@ int run(int argc, char** argv) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bn, bn, 1.f, a.data(), bn, b.data(), bn, 0.f,
                   c.data(), bn);
     }, flops, o.min_seconds);
-    double sb = -1;  // negative: not measured
+    double sb = -1, own = -1;  // negative: not measured
+    std::vector<uint16_t> a16(n * n), b16(n * n);
+    for (int64_t i = 0; i < n * n; ++i) a16[i] = to_bf16(a[i]), b16[i] = to_bf16(b[i]);
+    if (own_bf16) {
+      own = best_rate([&] {
+        cpu::parallel_gemm_bf16(false, false, n, n, n, 1.f, a16.data(), n, b16.data(), n, 0.f, c.data(), n);
+      }, flops, o.min_seconds);
+    }
     if (sbgemm) {
-      std::vector<bfloat16> a16(n * n), b16(n * n);
-      for (int64_t i = 0; i < n * n; ++i) a16[i] = to_bf16(a[i]), b16[i] = to_bf16(b[i]);
       sb = best_rate([&] {
-        sbgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bn, bn, 1.f, a16.data(), bn, b16.data(), bn, 0.f,
-               c.data(), bn);
+        sbgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bn, bn, 1.f,
+               reinterpret_cast<const bfloat16*>(a16.data()), bn, reinterpret_cast<const bfloat16*>(b16.data()), bn,
+               0.f, c.data(), bn);
       }, flops, o.min_seconds);
     }
     sgemm_peak = std::max(sgemm_peak, s);
     sbgemm_peak = std::max(sbgemm_peak, sb);
-    if (!o.json) std::printf("n=%lld: sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s\n", (long long)n, s, rate(sb).c_str());
-    char item[128];
-    std::snprintf(item, sizeof item, "%s{\"n\":%lld,\"sgemm\":%.2f,\"sbgemm\":%s}", per_size.empty() ? "" : ",",
-                  (long long)n, s, json_rate(sb).c_str());
+    own_peak = std::max(own_peak, own);
+    if (!o.json)
+      std::printf("n=%lld: sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s, gpt-train bf16 %s GFLOP/s\n", (long long)n, s,
+                  rate(sb).c_str(), own < 0 ? "n/a (no AVX512-BF16)" : rate(own).c_str());
+    char item[160];
+    std::snprintf(item, sizeof item, "%s{\"n\":%lld,\"sgemm\":%.2f,\"sbgemm\":%s,\"gpt_train_bf16\":%s}",
+                  per_size.empty() ? "" : ",", (long long)n, s, json_rate(sb).c_str(), json_rate(own).c_str());
     per_size += item;
   }
   if (o.json) {
     std::printf("{\"impl\":\"openblas\",\"core\":\"%s\",\"threads\":%d,\"sgemm_gflops\":%.2f,"
-                "\"sbgemm_gflops\":%s,\"sizes\":[%s]}\n",
+                "\"sbgemm_gflops\":%s,\"gpt_train_bf16_gflops\":%s,\"sizes\":[%s]}\n",
                 openblas_get_corename(), threads, sgemm_peak, json_rate(sbgemm ? sbgemm_peak : -1).c_str(),
-                per_size.c_str());
+                json_rate(own_bf16 ? own_peak : -1).c_str(), per_size.c_str());
   } else {
-    std::printf("OpenBLAS core %s, %d threads: peak sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s\n",
-                openblas_get_corename(), threads, sgemm_peak, rate(sbgemm ? sbgemm_peak : -1).c_str());
+    std::printf("OpenBLAS core %s, %d threads: peak sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s, gpt-train bf16 %s\n",
+                openblas_get_corename(), threads, sgemm_peak, rate(sbgemm ? sbgemm_peak : -1).c_str(),
+                own_bf16 ? rate(own_peak).c_str() : "n/a");
   }
   return 0;
 }

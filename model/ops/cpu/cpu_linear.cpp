@@ -1,11 +1,16 @@
-// Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one parallel_sgemm
-// (OpenBLAS per thread slab, see cpu_parallel.h). The bias is folded in by pre-filling y with it and
-// running the product with beta = 1; weight gradients accumulate the same way (beta = 1).
+// Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one GEMM split into
+// per-thread slabs (cpu_parallel.h). With bf16 weights on a CPU with AVX512-BF16 the products run on the
+// bf16 GEMM (cpu_gemm_bf16.h), any fp32 operand (the LM head's logit gradient) rounded to bf16 first, as
+// autocast does; otherwise every operand is read as fp32 and multiplied by OpenBLAS sgemm. The bias is
+// folded in by pre-filling y with it and running the product with beta = 1; weight gradients accumulate
+// the same way (beta = 1).
 #include <cblas.h>
 
+#include <optional>
 #include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_gemm_bf16.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
@@ -29,13 +34,48 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
   return {in == 0 ? 0 : x.numel() / in, in, out};
 }
 
+// The layer's products run in bf16 when its weights are bf16 and the CPU has the bf16 GEMM.
+bool use_bf16_gemm(const Tensor& w) { return w.dtype() == DType::BF16 && bf16_gemm_available(); }
+
+// A GEMM operand read once in the precision the products use: bf16 bits or an fp32 view.
+class Operand {
+ public:
+  Operand(const Tensor& t, bool bf16, const char* op, const char* arg) {
+    if (bf16) {
+      bf16_.emplace(t, op, arg);
+    } else {
+      f32_.emplace(t, op, arg);
+    }
+  }
+  const uint16_t* bf16() const { return bf16_ ? bf16_->get() : nullptr; }
+  const float* f32() const { return f32_->get(); }
+
+ private:
+  std::optional<Bf16Input> bf16_;
+  std::optional<F32Input> f32_;
+};
+
+// Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] + beta * C over dense operands (leading dimensions follow from
+// the shapes).
+void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
+             float beta, float* c) {
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  if (a.bf16()) {
+    parallel_gemm_bf16(trans_a, trans_b, M, N, K, 1.f, a.bf16(), lda, b.bf16(), ldb, beta, c, N);
+  } else {
+    parallel_sgemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.f, a.f32(),
+                   lda, b.f32(), ldb, beta, c, N);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const char* op = "linear_forward";
   const LinearDims d = linear_dims(x, w, op);
   require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
-  F32Input xf(x, op, "x"), wf(w, op, "w");
+  const bool bf16 = use_bf16_gemm(w);
+  const Operand xo(x, bf16, op, "x"), wo(w, bf16, op, "w");
   F32Output yf(y, false, op, "y");
   float* yp = yf.get();
   float beta = 0.f;
@@ -52,8 +92,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   }
   if (d.rows > 0 && d.out > 0) {
     if (d.in > 0) {
-      parallel_sgemm(CblasNoTrans, CblasTrans, d.rows, d.out, d.in, 1.f, xf.get(), d.in, wf.get(), d.in,
-                  beta, yp, d.out);
+      product(false, true, d.rows, d.out, d.in, xo, wo, beta, yp);
     } else if (!b) {
       for (int64_t i = 0; i < d.rows * d.out; ++i) yp[i] = 0.f;  // empty sum
     }
@@ -68,17 +107,16 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
   const std::string out_shape = shape_str({d.rows, d.out});
   require_numel(dy, d.rows * d.out, op, "dy", out_shape);
   require_numel(dw, d.out * d.in, op, "dw", "w's shape " + shape_str(w.shape()));
-  F32Input dyf(dy, op, "dy"), xf(x, op, "x");
-  const float* dyp = dyf.get();
+  const bool bf16 = use_bf16_gemm(w);
+  const Operand dyo(dy, bf16, op, "dy"), xo(x, bf16, op, "x");
   const bool work = d.rows > 0 && d.in > 0 && d.out > 0;
 
   if (dx) {
     require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
-    F32Input wf(w, op, "w");
+    const Operand wo(w, bf16, op, "w");
     F32Output dxf(*dx, false, op, "dx");
     if (work) {
-      parallel_sgemm(CblasNoTrans, CblasNoTrans, d.rows, d.in, d.out, 1.f, dyp, d.out, wf.get(), d.in,
-                  0.f, dxf.get(), d.in);
+      product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxf.get());
     } else {
       for (int64_t i = 0; i < d.rows * d.in; ++i) dxf.get()[i] = 0.f;
     }
@@ -87,13 +125,14 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
 
   F32Output dwf(dw, true, op, "dw");
   if (work) {
-    parallel_sgemm(CblasTrans, CblasNoTrans, d.out, d.in, d.rows, 1.f, dyp, d.out, xf.get(), d.in, 1.f,
-                dwf.get(), d.in);
+    product(true, false, d.out, d.in, d.rows, dyo, xo, 1.f, dwf.get());
   }
   dwf.commit();
 
   if (db) {
     require_numel(*db, d.out, op, "db", shape_str({d.out}));
+    F32Input dyf(dy, op, "dy");  // the bias gradient sums dy in fp32 whatever the products use
+    const float* dyp = dyf.get();
     F32Output dbf(*db, true, op, "db");
     float* dbp = dbf.get();
     // Each thread owns a range of columns and walks every row, so no two threads touch the same sum. The

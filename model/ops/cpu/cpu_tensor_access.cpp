@@ -125,6 +125,22 @@ F32Input::F32Input(const Tensor& t, const char* op, const char* arg) {
   ptr_ = scratch_.get();
 }
 
+Bf16Input::Bf16Input(const Tensor& t, const char* op, const char* arg) {
+  require_float(t, op, arg);
+  if (t.dtype() == DType::BF16) {
+    ptr_ = static_cast<const uint16_t*>(t.raw());
+    return;
+  }
+  scratch_.reset(new uint16_t[t.numel()]);
+  if (t.dtype() == DType::F32) {
+    from_f32(t.f32(), scratch_.get(), DType::BF16, t.numel());
+  } else {
+    F32Input f(t, op, arg);
+    from_f32(f.get(), scratch_.get(), DType::BF16, t.numel());
+  }
+  ptr_ = scratch_.get();
+}
+
 F32Output::F32Output(Tensor& t, bool load, const char* op, const char* arg) : tensor_(t) {
   require_float(t, op, arg);
   if (t.dtype() == DType::F32) {

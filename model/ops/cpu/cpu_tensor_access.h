@@ -40,6 +40,18 @@ class F32Input {
   const float* ptr_ = nullptr;
 };
 
+// Read-only bf16 view of a float tensor, for the bf16 GEMM: a BF16 tensor is used in place, any other float
+// tensor is rounded (to nearest even) into a scratch copy.
+class Bf16Input {
+ public:
+  Bf16Input(const Tensor& t, const char* op, const char* arg);
+  const uint16_t* get() const { return ptr_; }
+
+ private:
+  std::unique_ptr<uint16_t[]> scratch_;
+  const uint16_t* ptr_ = nullptr;
+};
+
 // Writable fp32 view of a float tensor. For a 16-bit tensor the kernel writes a scratch buffer and
 // commit() rounds it back into the tensor; `load` pre-fills the scratch with the current values (needed
 // for "+=" outputs). Call commit() once the kernel is done; for F32 tensors it does nothing.
