@@ -228,6 +228,24 @@ def run_ours(args, name, dtype, out_dir, recompute="none"):
     return result
 
 
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+def torch_env(args):
+    """PyTorch's environment: the thread settings, plus jemalloc keeping freed memory (--torch-malloc).
+
+    PyTorch's CPU tensors come from malloc, and glibc serves every block over 32 MiB with a fresh mmap that
+    is unmapped again on free, so each step page-faults (and the kernel zeroes) its whole working set; on
+    this VM that tripled PyTorch's step time. jemalloc told never to return memory (the usual advice for
+    PyTorch on CPUs) behaves like gpt-train's block pool and is the stronger peer, so it is the default.
+    """
+    env = thread_env(args.threads, args.openblas_coretype)
+    if args.torch_malloc == "jemalloc":
+        env["LD_PRELOAD"] = JEMALLOC
+        env["MALLOC_CONF"] = "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true"
+    return env
+
+
 def run_torch(args, name, dtype, out_dir):
     layers, hidden, heads, seq, batch, vocab, warmup, steps = CONFIGS[name]
     steps = max(1, round(steps * args.steps_scale))
@@ -239,8 +257,8 @@ def run_torch(args, name, dtype, out_dir):
            "--threads", str(args.threads), "--dtype", dtype, "--json"]
     waited = wait_for_idle(args)
     result = {"impl": "pytorch", "config": name, "dtype": dtype, "load_before": load_average(),
-              "waited_for_idle_s": waited, "command": shlex.join(cmd)}
-    rc, wall = run_logged(cmd, thread_env(args.threads, args.openblas_coretype), log, args.timeout)
+              "waited_for_idle_s": waited, "command": shlex.join(cmd), "malloc": args.torch_malloc}
+    rc, wall = run_logged(cmd, torch_env(args), log, args.timeout)
     result.update(rc=rc, wall_s=wall)
     result["peak_rss_mb"], result["cpu_percent"] = read_time_file(time_file)
     if rc == 0:
@@ -380,8 +398,9 @@ def fmt(value, spec=".0f", none="-"):
 
 
 def print_throughput(rows, peaks, threads):
+    malloc = next((r.get("malloc") for r in rows if r["impl"] == "pytorch"), None)
     print(f"\nThroughput, {threads} threads per process (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {threads}, "
-          "OMP_WAIT_POLICY=PASSIVE for both)")
+          f"OMP_WAIT_POLICY=PASSIVE for both; PyTorch's malloc: {malloc})")
     ob = peaks.get("openblas", {})
     print(f"GEMM peak: fp32 {fmt(peaks.get('fp32_gflops'), '.1f')} GFLOP/s (OpenBLAS sgemm, core "
           f"{ob.get('core', '?')}); bf16 {fmt(peaks.get('bf16_gflops'), '.1f')} GFLOP/s ({peaks.get('bf16_source')}; "
@@ -489,6 +508,9 @@ def parse_args(argv):
     parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench"))
     parser.add_argument("--openblas-coretype", default="",
                         help="set OPENBLAS_CORETYPE for every process (e.g. SkylakeX); default: OpenBLAS's choice")
+    parser.add_argument("--torch-malloc", choices=("jemalloc", "glibc"), default="jemalloc",
+                        help="PyTorch's allocator: jemalloc keeping freed memory (default; needs libjemalloc2) or "
+                             "glibc's malloc")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply every config's timed steps")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per process")
     parser.add_argument("--wait-idle", type=float, default=0,
@@ -508,6 +530,9 @@ def parse_args(argv):
         parser.error("--threads, --steps-scale and --timeout must be positive")
     if args.wait_idle < 0 or not 0 < args.idle_threshold <= 1:
         parser.error("--wait-idle must not be negative and --idle-threshold must be in (0, 1]")
+    if args.torch_malloc == "jemalloc" and not os.path.exists(JEMALLOC):
+        parser.error(f"--torch-malloc jemalloc: {JEMALLOC} not found (apt-get install libjemalloc2, or pass "
+                     "--torch-malloc glibc)")
     for path, what in ((args.gpt_train, "--gpt-train"), (args.gemm_peak, "--gemm-peak")):
         if not os.access(path, os.X_OK):
             parser.error(f"{what}: {path} is not an executable (build it first)")

@@ -11,6 +11,8 @@
 // (steps repeat their shapes, so after the first step nearly every request is served from it). The pool
 // never holds more bytes than the most the live tensors needed at once, releasing the blocks idle longest
 // first; in a steady training loop it stays below that, since at the step's peak it is nearly empty.
+// The kernels' dtype-conversion buffers (ScratchBuffer) come from the same pool for the same reason; they
+// count as live for the pool's bound but not in the tensor counters that the memory model predicts.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -37,6 +39,7 @@ constexpr size_t kAlignment = 64;
 
 std::atomic<size_t> g_bytes_in_use{0};
 std::atomic<size_t> g_bytes_peak{0};
+std::atomic<size_t> g_scratch_in_use{0};  // kernels' conversion buffers (ScratchBuffer): pooled, not counted
 
 void raise_peak(size_t now) {
   size_t seen = g_bytes_peak.load(std::memory_order_relaxed);
@@ -128,6 +131,8 @@ void free_host(void* ptr, size_t bytes) {
   g_bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
+size_t live_bytes() { return g_bytes_in_use.load(std::memory_order_relaxed) + g_scratch_in_use.load(std::memory_order_relaxed); }
+
 // Copies of a few MB and up are worth splitting across threads.
 void parallel_memcpy(void* dst, const void* src, size_t bytes) {
   constexpr size_t kChunk = size_t(1) << 20;
@@ -146,7 +151,7 @@ Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   // Block sizes are multiples of the alignment (aligned_alloc needs that); empty tensors still get a real
   // (unused) block.
-  void* ptr = block_pool().take(bytes, g_bytes_in_use.load(std::memory_order_relaxed));
+  void* ptr = block_pool().take(bytes, live_bytes());
   if (!ptr) {
     throw std::runtime_error("CpuBackend::empty: out of host memory allocating " + std::to_string(bytes) +
                              " bytes for " + shape_str(shape) + " " + dtype_name(dtype) + " (" +
@@ -160,6 +165,23 @@ Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
   raise_peak(g_bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return Tensor(std::move(storage), 0, shape, dtype);
 }
+
+namespace cpu {
+
+ScratchBuffer::ScratchBuffer(size_t bytes) : bytes_(bytes) {
+  ptr_ = block_pool().take(bytes, live_bytes());
+  if (!ptr_) throw std::runtime_error("CpuBackend: out of host memory allocating a " + std::to_string(bytes) +
+                                      "-byte conversion buffer");
+  g_scratch_in_use.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+ScratchBuffer::~ScratchBuffer() {
+  if (!ptr_) return;
+  block_pool().give(ptr_, bytes_);
+  g_scratch_in_use.fetch_sub(bytes_, std::memory_order_relaxed);
+}
+
+}  // namespace cpu
 
 size_t CpuBackend::memory_in_use() const { return g_bytes_in_use.load(std::memory_order_relaxed); }
 size_t CpuBackend::memory_peak() const { return g_bytes_peak.load(std::memory_order_relaxed); }

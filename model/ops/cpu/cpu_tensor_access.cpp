@@ -120,9 +120,9 @@ F32Input::F32Input(const Tensor& t, const char* op, const char* arg) {
     ptr_ = t.f32();
     return;
   }
-  scratch_.reset(new float[t.numel()]);
-  to_f32(t.raw(), t.dtype(), scratch_.get(), t.numel());
-  ptr_ = scratch_.get();
+  scratch_ = std::make_unique<ScratchBuffer>(t.numel() * sizeof(float));
+  to_f32(t.raw(), t.dtype(), scratch_->as<float>(), t.numel());
+  ptr_ = scratch_->as<float>();
 }
 
 Bf16Input::Bf16Input(const Tensor& t, const char* op, const char* arg) {
@@ -131,14 +131,14 @@ Bf16Input::Bf16Input(const Tensor& t, const char* op, const char* arg) {
     ptr_ = static_cast<const uint16_t*>(t.raw());
     return;
   }
-  scratch_.reset(new uint16_t[t.numel()]);
+  scratch_ = std::make_unique<ScratchBuffer>(t.numel() * sizeof(uint16_t));
   if (t.dtype() == DType::F32) {
-    from_f32(t.f32(), scratch_.get(), DType::BF16, t.numel());
+    from_f32(t.f32(), scratch_->as<uint16_t>(), DType::BF16, t.numel());
   } else {
     F32Input f(t, op, arg);
-    from_f32(f.get(), scratch_.get(), DType::BF16, t.numel());
+    from_f32(f.get(), scratch_->as<uint16_t>(), DType::BF16, t.numel());
   }
-  ptr_ = scratch_.get();
+  ptr_ = scratch_->as<uint16_t>();
 }
 
 F32Output::F32Output(Tensor& t, bool load, const char* op, const char* arg) : tensor_(t) {
@@ -147,13 +147,13 @@ F32Output::F32Output(Tensor& t, bool load, const char* op, const char* arg) : te
     ptr_ = t.f32();
     return;
   }
-  scratch_.reset(new float[t.numel()]);
-  if (load) to_f32(t.raw(), t.dtype(), scratch_.get(), t.numel());
-  ptr_ = scratch_.get();
+  scratch_ = std::make_unique<ScratchBuffer>(t.numel() * sizeof(float));
+  if (load) to_f32(t.raw(), t.dtype(), scratch_->as<float>(), t.numel());
+  ptr_ = scratch_->as<float>();
 }
 
 void F32Output::commit() {
-  if (scratch_) from_f32(scratch_.get(), tensor_.raw(), tensor_.dtype(), tensor_.numel());
+  if (scratch_) from_f32(scratch_->as<float>(), tensor_.raw(), tensor_.dtype(), tensor_.numel());
 }
 
 }  // namespace gpt::cpu

@@ -29,6 +29,24 @@ bool is_float(DType t);
 void to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
 void from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
 
+// A kernel's temporary buffer from the backend's recycled-block pool (cpu_memory.cpp), so that conversion
+// copies made every step do not page-fault afresh each time. Not counted in memory_in_use().
+class ScratchBuffer {
+ public:
+  explicit ScratchBuffer(size_t bytes);
+  ~ScratchBuffer();
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // Read-only fp32 view of a float tensor.
 class F32Input {
  public:
@@ -36,7 +54,7 @@ class F32Input {
   const float* get() const { return ptr_; }
 
  private:
-  std::unique_ptr<float[]> scratch_;
+  std::unique_ptr<ScratchBuffer> scratch_;
   const float* ptr_ = nullptr;
 };
 
@@ -48,7 +66,7 @@ class Bf16Input {
   const uint16_t* get() const { return ptr_; }
 
  private:
-  std::unique_ptr<uint16_t[]> scratch_;
+  std::unique_ptr<ScratchBuffer> scratch_;
   const uint16_t* ptr_ = nullptr;
 };
 
@@ -63,7 +81,7 @@ class F32Output {
 
  private:
   Tensor tensor_;
-  std::unique_ptr<float[]> scratch_;
+  std::unique_ptr<ScratchBuffer> scratch_;
   float* ptr_ = nullptr;
 };
 
