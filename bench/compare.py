@@ -30,9 +30,8 @@ Definitions (printed with the tables):
   GFLOP/s    Megatron's model FLOPs per step, 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) with V the padded
              vocabulary (app/flops.h, the number gpt-train logs as TFLOP/s/device), times steps per
              second. The same formula for both sides; it counts the full (unmasked) attention products.
-  % peak     achieved GFLOP/s / the best measured GEMM rate of the same dtype (fp32: OpenBLAS sgemm;
-             bf16: the fastest of cblas_sbgemm (if OpenBLAS has it), PyTorch's bf16 matmul and gpt-train's
-             own bf16 GEMM).
+  % peak     achieved GFLOP/s / the machine's measured GEMM peak of the same dtype: the fastest of
+             OpenBLAS (sgemm; cblas_sbgemm where it has it), PyTorch's matmul and gpt-train's own GEMMs.
   peak RSS   maximum resident set size of the process (per rank), from /usr/bin/time -v.
   CPU %      the process's CPU time / wall time (/usr/bin/time); well under 100 x K means other work on
              the machine took cores during the run, and the load column is the 1-minute load before it.
@@ -281,8 +280,13 @@ def measure_peaks(args, out_dir):
     if rc == 0:
         peaks["torch"] = last_json_line(os.path.join(out_dir, "torch_gemm_peak.log"))
     ob, tg = peaks.get("openblas", {}), peaks.get("torch", {})
-    peaks["fp32_gflops"] = ob.get("sgemm_gflops")
-    # The machine's bf16 peak: the fastest bf16 GEMM measured here, whoever's it is.
+    # The machine's peak per dtype: the fastest GEMM measured here, whoever's it is.
+    fp32 = {"OpenBLAS sgemm": ob.get("sgemm_gflops"), "PyTorch fp32 matmul": tg.get("fp32_gflops"),
+            "gpt-train fp32 GEMM (AVX-512)": ob.get("gpt_train_f32_gflops")}
+    fp32 = {k: v for k, v in fp32.items() if v}
+    peaks["fp32_all"] = fp32
+    peaks["fp32_source"] = max(fp32, key=fp32.get) if fp32 else None
+    peaks["fp32_gflops"] = fp32[peaks["fp32_source"]] if fp32 else None
     bf16 = {"OpenBLAS cblas_sbgemm": ob.get("sbgemm_gflops"), "PyTorch bf16 matmul (oneDNN)": tg.get("bf16_gflops"),
             "gpt-train bf16 GEMM (AVX512-BF16)": ob.get("gpt_train_bf16_gflops")}
     bf16 = {k: v for k, v in bf16.items() if v}
@@ -298,10 +302,11 @@ def best_peaks(first, second):
     for key in ("fp32_gflops", "bf16_gflops"):
         values = [p[key] for p in (first, second) if p.get(key)]
         best[key] = max(values) if values else None
-    if first.get("bf16_gflops") and first["bf16_gflops"] == best["bf16_gflops"]:
-        best["bf16_source"] = first.get("bf16_source")
-    best["bf16_all"] = {k: max(p.get("bf16_all", {}).get(k) or 0 for p in (first, second))
-                        for k in set(first.get("bf16_all", {})) | set(second.get("bf16_all", {}))}
+    for dtype in ("fp32", "bf16"):
+        if first.get(f"{dtype}_gflops") and first[f"{dtype}_gflops"] == best[f"{dtype}_gflops"]:
+            best[f"{dtype}_source"] = first.get(f"{dtype}_source")
+        best[f"{dtype}_all"] = {k: max(p.get(f"{dtype}_all", {}).get(k) or 0 for p in (first, second))
+                                for k in set(first.get(f"{dtype}_all", {})) | set(second.get(f"{dtype}_all", {}))}
     for side, key in (("openblas", "sgemm_gflops"), ("torch", "bf16_gflops")):
         if first.get(side, {}).get(key, 0) > second.get(side, {}).get(key, 0):
             best[side] = first[side]
@@ -402,10 +407,10 @@ def print_throughput(rows, peaks, threads):
     print(f"\nThroughput, {threads} threads per process (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {threads}, "
           f"OMP_WAIT_POLICY=PASSIVE for both; PyTorch's malloc: {malloc})")
     ob = peaks.get("openblas", {})
-    print(f"GEMM peak: fp32 {fmt(peaks.get('fp32_gflops'), '.1f')} GFLOP/s (OpenBLAS sgemm, core "
+    print(f"GEMM peak: fp32 {fmt(peaks.get('fp32_gflops'), '.1f')} GFLOP/s ({peaks.get('fp32_source')}; all: "
+          f"{', '.join(f'{k} {v:.1f}' for k, v in peaks.get('fp32_all', {}).items())}; OpenBLAS core "
           f"{ob.get('core', '?')}); bf16 {fmt(peaks.get('bf16_gflops'), '.1f')} GFLOP/s ({peaks.get('bf16_source')}; "
-          f"all: {', '.join(f'{k} {v:.1f}' for k, v in peaks.get('bf16_all', {}).items())}); "
-          f"PyTorch fp32 matmul {fmt(peaks.get('torch', {}).get('fp32_gflops'), '.1f')} GFLOP/s")
+          f"all: {', '.join(f'{k} {v:.1f}' for k, v in peaks.get('bf16_all', {}).items())})")
     print("GFLOP/s = 72 B s l h^2 (1 + s/6h + V/12lh) per step (Megatron, V padded) x steps/s; tokens/s from the "
           "mean timed step\n")
     head = ("| config | dtype | gpt-train tok/s (median) | PyTorch tok/s | ratio | gpt-train GFLOP/s | % peak | "

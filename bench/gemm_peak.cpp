@@ -5,7 +5,7 @@
 // passed, and reports the best repetition's rate (2 n^3 FLOPs per product). cblas_sbgemm is looked up at
 // run time because OpenBLAS builds without BUILD_BFLOAT16 (Debian's 0.3.21 among them) do not export it;
 // then sbgemm is reported as null and the harness takes the bf16 peak from PyTorch's bf16 matmul instead.
-// It also times gpt-train's own bf16 GEMM (model/ops/cpu/cpu_gemm_bf16.h, AVX512-BF16) on the same
+// It also times gpt-train's own bf16 GEMM (model/ops/cpu/cpu_gemm.h, AVX512-BF16) on the same
 // matrices with --threads OpenMP threads, reported as "gpt_train_bf16"; null where the CPU lacks it.
 // The OpenBLAS result is only meaningful
 // for the OpenBLAS kernel family that was selected at load time (printed as "core", see
@@ -29,7 +29,7 @@
 
 #include <omp.h>
 
-#include "model/ops/cpu/cpu_gemm_bf16.h"
+#include "model/ops/cpu/cpu_gemm.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" char* openblas_get_config(void);
@@ -141,8 +141,8 @@ int run(int argc, char** argv) {
 
   const auto sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  const bool own_bf16 = cpu::bf16_gemm_available();
-  double sgemm_peak = 0, sbgemm_peak = 0, own_peak = 0;
+  const bool own_bf16 = cpu::bf16_gemm_available(), own_f32 = cpu::f32_gemm_available();
+  double sgemm_peak = 0, sbgemm_peak = 0, own_peak = 0, own_f32_peak = 0;
   std::string per_size;
   for (int64_t n : o.sizes) {
     std::vector<float> a(n * n), b(n * n), c(n * n, 0.f);
@@ -154,7 +154,12 @@ int run(int argc, char** argv) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bn, bn, 1.f, a.data(), bn, b.data(), bn, 0.f,
                   c.data(), bn);
     }, flops, o.min_seconds);
-    double sb = -1, own = -1;  // negative: not measured
+    double sb = -1, own = -1, own32 = -1;  // negative: not measured
+    if (own_f32) {
+      own32 = best_rate([&] {
+        cpu::parallel_gemm_f32(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+      }, flops, o.min_seconds);
+    }
     std::vector<uint16_t> a16(n * n), b16(n * n);
     for (int64_t i = 0; i < n * n; ++i) a16[i] = to_bf16(a[i]), b16[i] = to_bf16(b[i]);
     if (own_bf16) {
@@ -172,23 +177,29 @@ int run(int argc, char** argv) {
     sgemm_peak = std::max(sgemm_peak, s);
     sbgemm_peak = std::max(sbgemm_peak, sb);
     own_peak = std::max(own_peak, own);
+    own_f32_peak = std::max(own_f32_peak, own32);
     if (!o.json)
-      std::printf("n=%lld: sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s, gpt-train bf16 %s GFLOP/s\n", (long long)n, s,
-                  rate(sb).c_str(), own < 0 ? "n/a (no AVX512-BF16)" : rate(own).c_str());
-    char item[160];
-    std::snprintf(item, sizeof item, "%s{\"n\":%lld,\"sgemm\":%.2f,\"sbgemm\":%s,\"gpt_train_bf16\":%s}",
-                  per_size.empty() ? "" : ",", (long long)n, s, json_rate(sb).c_str(), json_rate(own).c_str());
+      std::printf("n=%lld: sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s, gpt-train fp32 %s GFLOP/s, gpt-train bf16 %s GFLOP/s\n",
+                  (long long)n, s, rate(sb).c_str(), own32 < 0 ? "n/a (no AVX-512)" : rate(own32).c_str(),
+                  own < 0 ? "n/a (no AVX512-BF16)" : rate(own).c_str());
+    char item[200];
+    std::snprintf(item, sizeof item,
+                  "%s{\"n\":%lld,\"sgemm\":%.2f,\"sbgemm\":%s,\"gpt_train_f32\":%s,\"gpt_train_bf16\":%s}",
+                  per_size.empty() ? "" : ",", (long long)n, s, json_rate(sb).c_str(), json_rate(own32).c_str(),
+                  json_rate(own).c_str());
     per_size += item;
   }
   if (o.json) {
     std::printf("{\"impl\":\"openblas\",\"core\":\"%s\",\"threads\":%d,\"sgemm_gflops\":%.2f,"
-                "\"sbgemm_gflops\":%s,\"gpt_train_bf16_gflops\":%s,\"sizes\":[%s]}\n",
+                "\"sbgemm_gflops\":%s,\"gpt_train_f32_gflops\":%s,\"gpt_train_bf16_gflops\":%s,\"sizes\":[%s]}\n",
                 openblas_get_corename(), threads, sgemm_peak, json_rate(sbgemm ? sbgemm_peak : -1).c_str(),
-                json_rate(own_bf16 ? own_peak : -1).c_str(), per_size.c_str());
+                json_rate(own_f32 ? own_f32_peak : -1).c_str(), json_rate(own_bf16 ? own_peak : -1).c_str(),
+                per_size.c_str());
   } else {
-    std::printf("OpenBLAS core %s, %d threads: peak sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s, gpt-train bf16 %s\n",
+    std::printf("OpenBLAS core %s, %d threads: peak sgemm %.1f GFLOP/s, sbgemm %s GFLOP/s, gpt-train fp32 %s, "
+                "gpt-train bf16 %s\n",
                 openblas_get_corename(), threads, sgemm_peak, rate(sbgemm ? sbgemm_peak : -1).c_str(),
-                own_bf16 ? rate(own_peak).c_str() : "n/a");
+                own_f32 ? rate(own_f32_peak).c_str() : "n/a", own_bf16 ? rate(own_peak).c_str() : "n/a");
   }
   return 0;
 }

@@ -1,6 +1,6 @@
 // Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one GEMM split into
 // per-thread slabs (cpu_parallel.h). With bf16 weights on a CPU with AVX512-BF16 the products run on the
-// bf16 GEMM (cpu_gemm_bf16.h), any fp32 operand (the LM head's logit gradient) rounded to bf16 first, as
+// bf16 GEMM (cpu_gemm.h), any fp32 operand (the LM head's logit gradient) rounded to bf16 first, as
 // autocast does; otherwise every operand is read as fp32 and multiplied by OpenBLAS sgemm. The bias is
 // folded in by pre-filling y with it and running the product with beta = 1; weight gradients accumulate
 // the same way (beta = 1).
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
-#include "model/ops/cpu/cpu_gemm_bf16.h"
+#include "model/ops/cpu/cpu_gemm.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
@@ -62,6 +62,8 @@ void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const 
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (a.bf16()) {
     parallel_gemm_bf16(trans_a, trans_b, M, N, K, 1.f, a.bf16(), lda, b.bf16(), ldb, beta, c, N);
+  } else if (f32_gemm_available()) {
+    parallel_gemm_f32(trans_a, trans_b, M, N, K, 1.f, a.f32(), lda, b.f32(), ldb, beta, c, N);
   } else {
     parallel_sgemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.f, a.f32(),
                    lda, b.f32(), ldb, beta, c, N);
