@@ -45,7 +45,8 @@ double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Te
   Tensor logits, row_max, sum_exp;
   Tensor x_full = enter_tp_region(ctx, x);
   double loss = loss_pieces(ctx, x_full, targets, logits, row_max, sum_exp);
-  Tensor dlogits = be.empty(logits.shape());
+  // The gradient overwrites the logits in place: [N, V/t] fp32 is the largest activation of the step.
+  Tensor dlogits = logits;
   be.ce_backward(logits, row_max, sum_exp, targets, vocab_start_, vocab_size_, grad_scale, dlogits);
   logits = Tensor();
   Tensor dx_full = be.empty(x_full.shape(), x_full.dtype());

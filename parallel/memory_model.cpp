@@ -130,9 +130,7 @@ void chunk_forward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompu
   L.alloc(s.stats), L.alloc(s.X);       // final layernorm statistics (kept) and output
   L.alloc(s.sp_Xf());                   // output gathered for the head
   L.alloc(s.logits), L.alloc(s.row), L.alloc(s.row), L.alloc(s.row);  // logits, max, sum, target logit
-  L.free(s.row);
-  L.alloc(s.logits);                    // dlogits
-  L.free(s.logits);                     // logits
+  L.free(s.row);                        // dlogits overwrite the logits in place
   L.alloc(s.Xf), L.alloc(s.sp_X());     // dx over all rows, its row block (kept as head_dx)
   L.free(2 * s.row + s.logits + 2 * s.sp_Xf());
   L.free(s.X);                          // final layernorm output

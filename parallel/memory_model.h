@@ -10,7 +10,7 @@
 //    top of that: per microbatch and layer the tensors BlockCache keeps (input, ln1, ln1_full, qkv, att,
 //    probs [B, H/tp, T, T] fp32, h, ln2, ln2_full, fc1, act, layernorm statistics) times the microbatches
 //    in flight (num_warmup_passes + 1 chunk passes for 1F1B), the transients of the pass being run (the
-//    LM head's logits and dlogits [N, V/tp] fp32 on the last stage, the gradients of one block in
+//    LM head's logits [N, V/tp] fp32 (the gradient overwrites them) on the last stage, the gradients of one block in
 //    backward, the layer rebuilt by recomputation), the token batches of the first and last stage, and
 //    the pipeline send buffers, which the executor keeps until the end of the step; or, if larger, the
 //    optimizer step's transient (the distributed optimizer's reduce-scatter target; with 16-bit gradient

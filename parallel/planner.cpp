@@ -134,7 +134,7 @@ PieceTimes piece_times(const ModelDims& m, const LayoutSpec& l, const HardwareSp
   p.embed_fwd = 2 * Xf / r.memory;
   p.embed_bwd = 2 * Xf / r.memory;
   p.embed_tp = ring;  // all-reduce of the lookup (reduce-scatter, then all-gather in backward, under SP)
-  // Logits and dlogits are fp32 [N, V/t]: written, read for the max, the sum and the backward.
+  // Logits are fp32 [N, V/t]: written, read for the max, the sum and the backward (which overwrites them).
   const double logits = 4 * N * V / t;
   p.head = 3 * gemm_seconds(N, V / t, h, r) + 5 * logits / r.memory + 5 * X / r.memory;
   // Input gather (SP) and the reduction of dx; max, sum and target logit are three small all-reduces.

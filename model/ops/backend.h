@@ -86,7 +86,8 @@ class Backend {
   // target_logit[n] = logits[n, target[n] - vocab_start] if the target lies in this shard, else 0.
   virtual void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
                           int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) = 0;
-  // dlogits = grad_scale * (softmax - onehot(target)), zero on padding columns. Overwrites dlogits.
+  // dlogits = grad_scale * (softmax - onehot(target)), zero on padding columns. Overwrites dlogits, which
+  // may be the logits tensor itself (each element is read before it is written, by the same thread).
   virtual void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
                            const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float grad_scale,
                            Tensor& dlogits) = 0;
