@@ -103,15 +103,27 @@ void pack_b(bool trans, const T* B, int64_t ldb, int64_t k0, int64_t kc, int64_t
   }
 }
 
-// acc += a-word (broadcast) x b-words, in the precision of T.
+// The two micro-kernel steps: load a B vector, broadcast an A word, acc += a x b in the step's precision.
 struct Bf16Step {
-  __attribute__((target("avx512f,avx512bf16"))) static __m512 apply(__m512 acc, __m512i a, __m512i b) {
+  using Vec = __m512i;
+  __attribute__((target("avx512f,avx512bf16"))) static Vec load(const uint32_t* p) { return _mm512_loadu_si512(p); }
+  __attribute__((target("avx512f,avx512bf16"))) static Vec broadcast(const uint32_t* p) {
+    return _mm512_set1_epi32(static_cast<int>(*p));
+  }
+  __attribute__((target("avx512f,avx512bf16"))) static __m512 apply(__m512 acc, Vec a, Vec b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
   }
 };
 struct F32Step {
-  __attribute__((target("avx512f,avx512bf16"))) static __m512 apply(__m512 acc, __m512i a, __m512i b) {
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
+  using Vec = __m512;
+  __attribute__((target("avx512f,avx512bf16"))) static Vec load(const uint32_t* p) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+  __attribute__((target("avx512f,avx512bf16"))) static Vec broadcast(const uint32_t* p) {
+    return _mm512_set1_ps(*reinterpret_cast<const float*>(p));
+  }
+  __attribute__((target("avx512f,avx512bf16"))) static __m512 apply(__m512 acc, Vec a, Vec b) {
+    return _mm512_fmadd_ps(a, b, acc);
   }
 };
 
@@ -130,11 +142,11 @@ __attribute__((target("avx512f,avx512bf16"), always_inline)) inline void micro_k
 #pragma GCC unroll 12
   for (int r = 0; r < kMR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t w = 0; w < words; ++w) {
-    const __m512i b0 = _mm512_loadu_si512(b);
-    const __m512i b1 = _mm512_loadu_si512(b + 16);
+    const typename Step::Vec b0 = Step::load(b);
+    const typename Step::Vec b1 = Step::load(b + 16);
 #pragma GCC unroll 12
     for (int r = 0; r < kMR; ++r) {
-      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r]));
+      const typename Step::Vec av = Step::broadcast(a + r);
       acc[r][0] = Step::apply(acc[r][0], av, b0);
       acc[r][1] = Step::apply(acc[r][1], av, b1);
     }
