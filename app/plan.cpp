@@ -357,7 +357,9 @@ std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayo
     warnings.push_back(fmt::format("layout check ({}): {} is predicted {} slower than {} ({} vs {} per "
                                    "step); see 'gpt-train plan --config {} --gpus {} --hardware {}'",
                                    plan.hardware.name, mine.str(), pct(slower), best->layout.str(),
-                                   seconds(chosen.time.step_s), seconds(best->time.step_s), cfg.source, grid.world(), hw.name));
+                                   seconds(chosen.time.step_s), seconds(best->time.step_s), cfg.source, grid.world(),
+                                   // the value the user gave (a file path or a built-in name), so the command works
+                                   cfg.logging.hardware.empty() ? hw.name : cfg.logging.hardware));
   if (info)
     *info = fmt::format("layout check ({}): predicted {} per step, {:.3g} TFLOP/s per device; the best layout "
                         "found ({}) is predicted {}",
