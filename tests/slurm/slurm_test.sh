@@ -190,10 +190,12 @@ while [ $SECONDS -lt $deadline ]; do
 done
 [ "$(job_field Restarts)" = 1 ] || fail "job was not requeued (state $(job_field JobState), restarts $(job_field Restarts))"
 log "requeued (state $(job_field JobState)); releasing Slurm's requeue delay"
-# A requeued job becomes eligible only after a delay; once it is pending again, start it now instead.
+# A requeued job becomes eligible only after a delay; once it is pending again, start it in 2 s instead.
+# Not "now": slurmd revoked the first run's credential at the requeue, and a new credential issued within
+# the same second counts as revoked too ("Job credential revoked": the batch job is then killed).
 deadline=$((SECONDS + 60))
 while [ $SECONDS -lt $deadline ] && [ "$(job_field JobState)" != PENDING ]; do sleep 0.2; done
-scontrol update JobId="$JOB" StartTime=now >/dev/null 2>&1 || log "could not move the start time; waiting for Slurm's delay"
+scontrol update JobId="$JOB" StartTime=now+2 >/dev/null 2>&1 || log "could not move the start time; waiting for Slurm's delay"
 
 deadline=$((SECONDS + 240))
 while [ $SECONDS -lt $deadline ]; do
