@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -49,6 +50,46 @@ inline uint32_t word(const uint16_t* p, int64_t step, bool full) {
   return static_cast<uint32_t>(p[0]) | (full ? static_cast<uint32_t>(p[step]) << 16 : 0u);
 }
 
+// dst[c * ldd + r] = src[r * lds + c] for c < 16 and r < 16 (rows at or past `rows` read as zero), storing
+// the first `out` (<= 16) values of each dst row: a 16 x 16 transpose of 32-bit words in registers
+// (32-bit, 64-bit, then two 128-bit-lane shuffle stages), for the packing paths that run across the
+// source's rows.
+__attribute__((target("avx512f"))) void transpose16(const uint32_t* src, int64_t lds, int rows, uint32_t* dst,
+                                                    int64_t ldd, int out) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_loadu_ps(reinterpret_cast<const float*>(src + i * lds)) : _mm512_setzero_ps();
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // u[4g + j], lane L: column 4L + j of rows 4g .. 4g+3.
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+    const __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+    u[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    u[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    u[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    u[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  const __mmask16 mask = out >= 16 ? 0xffff : static_cast<__mmask16>((1u << out) - 1);
+  for (int j = 0; j < 4; ++j) {
+    const __m512 x_lo = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), y_lo = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512 x_hi = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xee), y_hi = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xee);
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + (j)*ldd), mask, _mm512_shuffle_f32x4(x_lo, y_lo, 0x88));
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + (4 + j) * ldd), mask, _mm512_shuffle_f32x4(x_lo, y_lo, 0xdd));
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + (8 + j) * ldd), mask, _mm512_shuffle_f32x4(x_hi, y_hi, 0x88));
+    _mm512_mask_storeu_ps(reinterpret_cast<float*>(dst + (12 + j) * ldd), mask, _mm512_shuffle_f32x4(x_hi, y_hi, 0xdd));
+  }
+}
+
+// Whether rows of X (elements of T, leading dimension ld, starting at p) can be read as 32-bit words.
+template <class T>
+bool word_rows(const T* p, int64_t ld) {
+  return kGroup<T> == 1 || (ld % 2 == 0 && reinterpret_cast<uintptr_t>(p) % 4 == 0);
+}
+
 // Packs rows [i0, i0+mc) x elements [k0, k0+kc) of op(A) into MR-row micro-panels of words.
 template <class T>
 void pack_a(bool trans, const T* A, int64_t lda, int64_t i0, int64_t mc, int64_t k0, int64_t kc, uint32_t* dst) {
@@ -63,14 +104,20 @@ void pack_a(bool trans, const T* A, int64_t lda, int64_t i0, int64_t mc, int64_t
         uint32_t* out = panel + w * kMR;
         for (int r = 0; r < kMR; ++r) out[r] = r < rows ? word(src + r, lda, w < full) : 0;
       }
-    } else {  // a word is contiguous along a row of A
+    } else {  // a word is contiguous along a row of A: transpose 16-word blocks, then the tail word by word
+      const T* first = A + (i0 + p) * lda + k0;
+      int64_t fast = 0;
+      if (word_rows(first, lda)) {
+        for (; fast + 16 <= full; fast += 16)
+          transpose16(reinterpret_cast<const uint32_t*>(first) + fast, lda / G, rows, panel + fast * kMR, kMR, kMR);
+      }
       for (int r = 0; r < kMR; ++r) {
         if (r >= rows) {
           for (int64_t w = 0; w < words; ++w) panel[w * kMR + r] = 0;
           continue;
         }
         const T* row = A + (i0 + p + r) * lda + k0;
-        for (int64_t w = 0; w < words; ++w) panel[w * kMR + r] = word(row + G * w, 1, w < full);
+        for (int64_t w = fast; w < words; ++w) panel[w * kMR + r] = word(row + G * w, 1, w < full);
       }
     }
   }
@@ -85,13 +132,24 @@ void pack_b(bool trans, const T* B, int64_t ldb, int64_t k0, int64_t kc, int64_t
     uint32_t* panel = dst + (q / kNR) * words * kNR;
     const int64_t width = std::min<int64_t>(kNR, nc - q);
     if (trans) {  // op(B)[k, j] = B[j, k]: a word is contiguous along a row of B
+      const T* first = B + (j0 + q) * ldb + k0;
+      int64_t fast = 0;
+      if (word_rows(first, ldb)) {  // 16-word blocks of each 16-column half by transposes
+        for (; fast + 16 <= full; fast += 16) {
+          for (int h = 0; h < kNR; h += 16) {
+            const int rows = static_cast<int>(std::clamp<int64_t>(width - h, 0, 16));
+            transpose16(reinterpret_cast<const uint32_t*>(first + h * ldb) + fast, ldb / G, rows,
+                        panel + fast * kNR + h, kNR, 16);
+          }
+        }
+      }
       for (int64_t c = 0; c < kNR; ++c) {
         if (c >= width) {
-          for (int64_t w = 0; w < words; ++w) panel[w * kNR + c] = 0;
+          for (int64_t w = fast; w < words; ++w) panel[w * kNR + c] = 0;
           continue;
         }
         const T* row = B + (j0 + q + c) * ldb + k0;
-        for (int64_t w = 0; w < words; ++w) panel[w * kNR + c] = word(row + G * w, 1, w < full);
+        for (int64_t w = fast; w < words; ++w) panel[w * kNR + c] = word(row + G * w, 1, w < full);
       }
     } else {  // a word's elements sit in consecutive rows of B
       for (int64_t w = 0; w < words; ++w) {
