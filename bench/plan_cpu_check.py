@@ -110,7 +110,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpt-train", default=os.path.join(REPO, "build", "gpt-train"))
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--work-dir", default="plan-cpu-check")
+    ap.add_argument("--work-dir", default=os.path.join(REPO, "runs", "plan-cpu-check"))
     ap.add_argument("--wait-idle", type=float, default=0, help="wait up to this long for an idle machine per run")
     a = ap.parse_args()
     os.makedirs(a.work_dir, exist_ok=True)
