@@ -27,26 +27,7 @@ namespace {
 
 constexpr int64_t kBlock = 64;
 
-struct AttentionDims {
-  int64_t B, T, H, D;
-  int64_t qkv_ld() const { return 3 * H * D; }
-  int64_t out_ld() const { return H * D; }
-  int64_t blocks() const { return (T + kBlock - 1) / kBlock; }
-};
-
-AttentionDims check_attention(const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T, int64_t H, int64_t D,
-                              const char* op) {
-  require(B > 0 && T > 0 && H > 0 && D > 0, op,
-          "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
-              std::to_string(H) + ", " + std::to_string(D));
-  const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-                           " D=" + std::to_string(D);
-  require_float(qkv, op, "qkv");
-  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
-  require_dtype(probs, DType::F32, op, "probs");
-  require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T] for " + dims);
-  return {B, T, H, D};
-}
+int64_t query_blocks(int64_t T) { return (T + kBlock - 1) / kBlock; }
 
 // Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
 void causal_softmax_row(float* row, int64_t i, int64_t T) {
@@ -71,14 +52,14 @@ void causal_softmax_row(float* row, int64_t i, int64_t T) {
 void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
                                    Tensor& probs) {
   const char* op = "attention_forward";
-  const AttentionDims d = check_attention(qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
   require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
   F32Input qf(qkv, op, "qkv");
   F32Output of(out, false, op, "out");
   const float* base = qf.get();
   float* outp = of.get();
   float* pp = probs.f32();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = d.blocks();
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = query_blocks(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
   SingleThreadedBlas blas_guard;
@@ -107,14 +88,14 @@ void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int6
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
                                     int64_t H, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const AttentionDims d = check_attention(qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   F32Input qf(qkv, op, "qkv"), df(dout, op, "dout");
   F32Output gf(dqkv, false, op, "dqkv");
   const float *base = qf.get(), *dbase = df.get(), *pp = probs.f32();
   float* gbase = gf.get();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = d.blocks();
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = query_blocks(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
   SingleThreadedBlas blas_guard;

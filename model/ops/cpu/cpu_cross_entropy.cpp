@@ -16,31 +16,9 @@ using namespace cpu;
 
 namespace {
 
-struct VocabShard {
-  int64_t rows;  // N
-  int64_t cols;  // Vl, including padding
-  int64_t real;  // leading columns that hold real vocabulary entries
-};
-
-VocabShard check_logits(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, const char* op) {
-  require_float(logits, op, "logits");
-  require(logits.ndim() >= 1 && logits.dim(-1) > 0, op, "logits must be [N, Vl], got " + describe(logits));
-  require(vocab_start >= 0 && vocab_size > 0, op,
-          "vocab_start must be >= 0 and vocab_size > 0, got " + std::to_string(vocab_start) + " and " +
-              std::to_string(vocab_size));
-  const int64_t cols = logits.dim(-1);
-  return {logits.numel() / cols, cols, std::clamp<int64_t>(vocab_size - vocab_start, 0, cols)};
-}
-
-void check_row_vector(const Tensor& t, int64_t rows, const char* op, const char* arg) {
-  require_dtype(t, DType::F32, op, arg);
-  require_numel(t, rows, op, arg, "one value per logits row");
-}
-
 // Targets must be real token ids; one outside the vocabulary would silently count as "in another shard".
 const int32_t* check_targets(const Tensor& targets, int64_t rows, int64_t vocab_size, const char* op) {
-  require_dtype(targets, DType::I32, op, "targets");
-  require_numel(targets, rows, op, "targets", "one target per logits row");
+  ops::check_targets_shape(kChecks, targets, rows, op);
   const int32_t* tp = targets.i32();
   for (int64_t n = 0; n < rows; ++n) {
     require(tp[n] >= 0 && tp[n] < vocab_size, op,
@@ -54,8 +32,8 @@ const int32_t* check_targets(const Tensor& targets, int64_t rows, int64_t vocab_
 
 void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) {
   const char* op = "ce_row_max";
-  const VocabShard s = check_logits(logits, vocab_start, vocab_size, op);
-  check_row_vector(row_max, s.rows, op, "row_max");
+  const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
+  ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
   F32Input lf(logits, op, "logits");
   const float* lp = lf.get();
   float* mp = row_max.f32();
@@ -72,10 +50,10 @@ void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t v
 void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
                             int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) {
   const char* op = "ce_sum_exp";
-  const VocabShard s = check_logits(logits, vocab_start, vocab_size, op);
-  check_row_vector(row_max, s.rows, op, "row_max");
-  check_row_vector(sum_exp, s.rows, op, "sum_exp");
-  check_row_vector(target_logit, s.rows, op, "target_logit");
+  const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
+  ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
+  ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
+  ops::check_row_vector(kChecks, target_logit, s.rows, op, "target_logit");
   const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
   F32Input lf(logits, op, "logits");
   const float *lp = lf.get(), *mp = row_max.f32();
@@ -97,9 +75,9 @@ void CpuBackend::ce_backward(const Tensor& logits, const Tensor& row_max, const 
                              const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float grad_scale,
                              Tensor& dlogits) {
   const char* op = "ce_backward";
-  const VocabShard s = check_logits(logits, vocab_start, vocab_size, op);
-  check_row_vector(row_max, s.rows, op, "row_max");
-  check_row_vector(sum_exp, s.rows, op, "sum_exp");
+  const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
+  ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
+  ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
   require_numel(dlogits, logits.numel(), op, "dlogits", "logits' shape " + shape_str(logits.shape()));
   const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
   F32Input lf(logits, op, "logits");

@@ -19,25 +19,12 @@ void require_ids(const Tensor& ids, const char* op) {
   require_dtype(ids, DType::I32, op, "ids");
 }
 
-void require_table(const Tensor& table, const char* op, const char* arg) {
-  require_float(table, op, arg);
-  require(table.ndim() == 2, op, std::string(arg) + " must be [rows, C], got " + describe(table));
-}
-
-// B for an activation [B*T, C], after checking that it is whole sequences of T rows.
-int64_t sequences(const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg) {
-  require(T > 0 && C > 0 && act.numel() % (T * C) == 0, op,
-          std::string(arg) + " " + describe(act) + " is not a whole number of sequences of T=" + std::to_string(T) +
-              " rows of width " + std::to_string(C));
-  return act.numel() / (T * C);
-}
-
 }  // namespace
 
 void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) {
   const char* op = "embedding_forward";
   require_ids(ids, op);
-  require_table(table, op, "table");
+  ops::check_table(kChecks, table, op, "table");
   require_float(out, op, "out");
   const int64_t N = ids.numel(), rows = table.dim(0), C = table.dim(1);
   require_numel(out, N * C, op, "out", shape_str({N, C}));
@@ -72,7 +59,7 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64
 void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) {
   const char* op = "embedding_backward";
   require_ids(ids, op);
-  require_table(dtable, op, "dtable");
+  ops::check_table(kChecks, dtable, op, "dtable");
   const int64_t N = ids.numel(), rows = dtable.dim(0), C = dtable.dim(1);
   require_numel(dout, N * C, op, "dout", shape_str({N, C}));
   F32Input df(dout, op, "dout");
@@ -99,12 +86,12 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64
 
 void CpuBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
   const char* op = "add_positions";
-  require_table(pos_table, op, "pos_table");
+  ops::check_table(kChecks, pos_table, op, "pos_table");
   const int64_t C = pos_table.dim(1);
   require(T <= pos_table.dim(0), op,
           "sequence length " + std::to_string(T) + " exceeds the position table " + describe(pos_table));
   require_float(out, op, "out");
-  const int64_t B = sequences(out, T, C, op, "out");
+  const int64_t B = ops::check_sequences(kChecks, out, T, C, op, "out");
   F32Input pf(pos_table, op, "pos_table");
   F32Output of(out, true, op, "out");
   const float* pp = pf.get();
@@ -121,11 +108,11 @@ void CpuBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) 
 
 void CpuBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
   const char* op = "add_positions_backward";
-  require_table(dpos, op, "dpos");
+  ops::check_table(kChecks, dpos, op, "dpos");
   const int64_t C = dpos.dim(1);
   require(T <= dpos.dim(0), op, "sequence length " + std::to_string(T) + " exceeds the position table " + describe(dpos));
   require_float(dout, op, "dout");
-  const int64_t B = sequences(dout, T, C, op, "dout");
+  const int64_t B = ops::check_sequences(kChecks, dout, T, C, op, "dout");
   F32Input df(dout, op, "dout");
   F32Output pf(dpos, true, op, "dpos");
   const float* d = df.get();

@@ -13,23 +13,11 @@ namespace gpt {
 
 using namespace cpu;
 
-namespace {
-
-// Rows of width C in x, after checking that x ends in C.
-int64_t layernorm_rows(const Tensor& x, int64_t C, const char* op) {
-  require_float(x, op, "x");
-  require(C > 0 && x.ndim() >= 1 && x.dim(-1) == C, op,
-          "x " + describe(x) + " does not end in the normalised width " + std::to_string(C));
-  return x.numel() / C;
-}
-
-}  // namespace
-
 void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                                    Tensor& mean, Tensor& rstd, float eps) {
   const char* op = "layernorm_forward";
   const int64_t C = gamma.numel();
-  const int64_t N = layernorm_rows(x, C, op);
+  const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
   require_numel(beta, C, op, "beta", "gamma's shape");
   require_numel(y, N * C, op, "y", "x's shape " + shape_str(x.shape()));
   require_dtype(mean, DType::F32, op, "mean");
@@ -65,15 +53,8 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const char* op = "layernorm_backward";
   const int64_t C = gamma.numel();
-  const int64_t N = layernorm_rows(x, C, op);
-  require_numel(dy, N * C, op, "dy", "x's shape " + shape_str(x.shape()));
-  require_numel(dx, N * C, op, "dx", "x's shape " + shape_str(x.shape()));
-  require_dtype(mean, DType::F32, op, "mean");
-  require_dtype(rstd, DType::F32, op, "rstd");
-  require_numel(mean, N, op, "mean", "one value per row");
-  require_numel(rstd, N, op, "rstd", "one value per row");
-  require_numel(dgamma, C, op, "dgamma", "gamma's shape");
-  require_numel(dbeta, C, op, "dbeta", "gamma's shape");
+  const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
+  ops::check_layernorm_backward(kChecks, dy, x, mean, rstd, dx, dgamma, dbeta, N, C, op);
   F32Input dyf(dy, op, "dy"), xf(x, op, "x"), gf(gamma, op, "gamma");
   F32Output dxf(dx, false, op, "dx"), dgf(dgamma, true, op, "dgamma"), dbf(dbeta, true, op, "dbeta");
   const float *dyp = dyf.get(), *xp = xf.get(), *gp = gf.get(), *mp = mean.f32(), *rp = rstd.f32();

@@ -20,20 +20,6 @@ using namespace cpu;
 
 namespace {
 
-struct LinearDims {
-  int64_t rows, in, out;
-};
-
-LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
-  require_float(x, op, "x");
-  require_float(w, op, "w");
-  require(w.ndim() == 2, op, "w must be [out, in], got " + describe(w));
-  const int64_t in = w.dim(1), out = w.dim(0);
-  require(x.ndim() >= 1 && x.dim(-1) == in, op,
-          "x " + describe(x) + " does not end in w's in-features " + std::to_string(in) + " (w " + describe(w) + ")");
-  return {in == 0 ? 0 : x.numel() / in, in, out};
-}
-
 // The layer's products run in bf16 when its weights are bf16 and the CPU has the bf16 GEMM.
 bool use_bf16_gemm(const Tensor& w) { return w.dtype() == DType::BF16 && bf16_gemm_available(); }
 
@@ -74,7 +60,7 @@ void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const 
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const char* op = "linear_forward";
-  const LinearDims d = linear_dims(x, w, op);
+  const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
   require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
   const bool bf16 = use_bf16_gemm(w);
   const Operand xo(x, bf16, op, "x"), wo(w, bf16, op, "w");
@@ -105,7 +91,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
 void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                                  Tensor* db) {
   const char* op = "linear_backward";
-  const LinearDims d = linear_dims(x, w, op);
+  const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
   const std::string out_shape = shape_str({d.rows, d.out});
   require_numel(dy, d.rows * d.out, op, "dy", out_shape);
   require_numel(dw, d.out * d.in, op, "dw", "w's shape " + shape_str(w.shape()));

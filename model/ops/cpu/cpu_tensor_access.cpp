@@ -44,36 +44,6 @@ void f32_to_fp16_range(const float* src, uint16_t* dst, int64_t n) {
 
 }  // namespace
 
-void require(bool ok, const char* op, const std::string& message) {
-  if (!ok) throw std::runtime_error(std::string("CpuBackend::") + op + ": " + message);
-}
-
-bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
-
-std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
-
-static void require_host(const Tensor& t, const char* op, const char* arg) {
-  require(t.defined(), op, std::string(arg) + " is an undefined tensor");
-  require(t.device() == Device::CPU, op, std::string(arg) + " does not live in host memory");
-}
-
-void require_float(const Tensor& t, const char* op, const char* arg) {
-  require_host(t, op, arg);
-  require(is_float(t.dtype()), op, std::string(arg) + " must be a float tensor, got " + describe(t));
-}
-
-void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) {
-  require_host(t, op, arg);
-  require(t.dtype() == dtype, op,
-          std::string(arg) + " must be " + dtype_name(dtype) + ", got " + describe(t));
-}
-
-void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) {
-  require(t.numel() == numel, op,
-          std::string(arg) + " is " + describe(t) + " but " + what + " (" + std::to_string(numel) +
-              " elements) is required");
-}
-
 void to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
   if (src_dtype == DType::F32) {
     std::memcpy(dst, src, n * sizeof(float));

@@ -7,22 +7,25 @@
 #include <memory>
 #include <string>
 
+#include "model/ops/op_checks.h"
 #include "model/tensor.h"
 
 namespace gpt::cpu {
 
-// Throws std::runtime_error("CpuBackend::<op>: <message>") unless `ok`.
-void require(bool ok, const char* op, const std::string& message);
-// Checks that `t` is defined, lives on the host and holds a float dtype (F32/BF16/F16).
-void require_float(const Tensor& t, const char* op, const char* arg);
-// Checks that `t` is defined, on the host and of exactly `dtype`.
-void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg);
-// Checks that `t` holds exactly `numel` elements; `what` describes the expected shape for the message.
-void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what);
-// "[2, 3] fp32", for messages.
-std::string describe(const Tensor& t);
+// The shared argument checks (model/ops/op_checks.h), as the CPU backend: messages read
+// "CpuBackend::<op>: ...", and tensors must live in host memory.
+inline constexpr ops::OpChecks kChecks{"CpuBackend", Device::CPU};
 
-bool is_float(DType t);
+inline void require(bool ok, const char* op, const std::string& message) { kChecks.require(ok, op, message); }
+inline void require_float(const Tensor& t, const char* op, const char* arg) { kChecks.require_float(t, op, arg); }
+inline void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) {
+  kChecks.require_dtype(t, dtype, op, arg);
+}
+inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) {
+  kChecks.require_numel(t, numel, op, arg, what);
+}
+using ops::describe;
+using ops::is_float;
 
 // Element-wise conversions between an fp32 array and n elements of a float dtype (F32 is a plain copy).
 // Parallel over OpenMP threads for large n.

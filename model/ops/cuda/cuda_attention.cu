@@ -103,27 +103,7 @@ __global__ void softmax_backward_kernel(const float* p, const float* dp, void* d
   }
 }
 
-struct AttentionShape {
-  int64_t B, T, H, D;
-  int64_t bh() const { return B * H; }
-  int64_t head_elems() const { return B * H * T * D; }  // one of q, k, v in head layout
-};
-
-AttentionShape check_attention(const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T, int64_t H, int64_t D,
-                               const char* op) {
-  require(B > 0 && T > 0 && H > 0 && D > 0, op,
-          "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
-              std::to_string(H) + ", " + std::to_string(D));
-  const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-                           " D=" + std::to_string(D);
-  require_float(qkv, op, "qkv");
-  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
-  require_dtype(probs, DType::F32, op, "probs");
-  require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T] for " + dims);
-  return {B, T, H, D};
-}
-
-void permute(const void* src, DType sd, void* dst, DType dd, int64_t P, const AttentionShape& s, bool to_heads,
+void permute(const void* src, DType sd, void* dst, DType dd, int64_t P, const ops::AttentionDims& s, bool to_heads,
              cudaStream_t stream, const char* op) {
   const int64_t n = P * s.head_elems();
   permute_heads_kernel<<<grid_for(n, 256), 256, 0, stream>>>(src, sd, dst, dd, P, s.B, s.T, s.H, s.D, to_heads);
@@ -137,7 +117,7 @@ unsigned softmax_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRo
 void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
                                     Tensor& probs) {
   const char* op = "attention_forward";
-  const AttentionShape s = check_attention(qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
   require_float(out, op, "out");
   require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
   const DType X = qkv.dtype();
@@ -179,7 +159,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
                                      int64_t H, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const AttentionShape s = check_attention(qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
   require_float(dout, op, "dout");
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_float(dqkv, op, "dqkv");

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/ops/op_checks.h"
 #include "model/tensor.h"
 
 namespace gpt::cuda {
@@ -30,34 +31,21 @@ inline void check_cublas(cublasStatus_t s, const char* op, const char* what) {
 // Checks for an error from the kernel launch just made (bad configuration, missing kernel image).
 inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
 
-inline void require(bool ok, const char* op, const std::string& message) {
-  if (!ok) throw std::runtime_error(std::string("CudaBackend::") + op + ": " + message);
-}
+// The shared argument checks (model/ops/op_checks.h), as the CUDA backend: messages read
+// "CudaBackend::<op>: ...", and tensors must live in GPU memory.
+inline constexpr ops::OpChecks kChecks{"CudaBackend", Device::CUDA};
 
-inline bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
-
-inline std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
-
-inline void require_device(const Tensor& t, const char* op, const char* arg) {
-  require(t.defined(), op, std::string(arg) + " is an undefined tensor");
-  require(t.device() == Device::CUDA, op, std::string(arg) + " does not live in GPU memory");
-}
-
-inline void require_float(const Tensor& t, const char* op, const char* arg) {
-  require_device(t, op, arg);
-  require(is_float(t.dtype()), op, std::string(arg) + " must be a float tensor, got " + describe(t));
-}
-
+inline void require(bool ok, const char* op, const std::string& message) { kChecks.require(ok, op, message); }
+inline void require_device(const Tensor& t, const char* op, const char* arg) { kChecks.require_here(t, op, arg); }
+inline void require_float(const Tensor& t, const char* op, const char* arg) { kChecks.require_float(t, op, arg); }
 inline void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) {
-  require_device(t, op, arg);
-  require(t.dtype() == dtype, op, std::string(arg) + " must be " + dtype_name(dtype) + ", got " + describe(t));
+  kChecks.require_dtype(t, dtype, op, arg);
 }
-
 inline void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) {
-  require(t.numel() == numel, op,
-          std::string(arg) + " is " + describe(t) + " but " + what + " (" + std::to_string(numel) +
-              " elements) is required");
+  kChecks.require_numel(t, numel, op, arg, what);
 }
+using ops::describe;
+using ops::is_float;
 
 // Grid size for a grid-stride loop over n items with `threads` per block: enough blocks to fill the GPU
 // several times over, never more than the items need.

@@ -77,27 +77,12 @@ __global__ void ce_backward_kernel(Logits l, const float* row_max, const float* 
 }
 
 Logits check_logits(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, const char* op) {
-  require_float(logits, op, "logits");
-  require(logits.ndim() >= 1 && logits.dim(-1) > 0, op, "logits must be [N, Vl], got " + describe(logits));
-  require(vocab_start >= 0 && vocab_size > 0, op,
-          "vocab_start must be >= 0 and vocab_size > 0, got " + std::to_string(vocab_start) + " and " +
-              std::to_string(vocab_size));
-  const int64_t cols = logits.dim(-1);
-  require(logits.numel() / cols <= 0x7fffffff, op, "too many rows");
-  return {logits.raw(), logits.dtype(), cols, std::clamp<int64_t>(vocab_size - vocab_start, 0, cols)};
+  const ops::VocabShard v = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
+  require(v.rows <= 0x7fffffff, op, "too many rows");
+  return {logits.raw(), logits.dtype(), v.cols, v.real};
 }
 
 int64_t rows_of(const Tensor& logits) { return logits.numel() / logits.dim(-1); }
-
-void check_row_vector(const Tensor& t, int64_t rows, const char* op, const char* arg) {
-  require_dtype(t, DType::F32, op, arg);
-  require_numel(t, rows, op, arg, "one value per logits row");
-}
-
-void check_targets(const Tensor& targets, int64_t rows, const char* op) {
-  require_dtype(targets, DType::I32, op, "targets");
-  require_numel(targets, rows, op, "targets", "one target per logits row");
-}
 
 }  // namespace
 
@@ -105,7 +90,7 @@ void CudaBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t 
   const char* op = "ce_row_max";
   const Logits l = check_logits(logits, vocab_start, vocab_size, op);
   const int64_t N = rows_of(logits);
-  check_row_vector(row_max, N, op, "row_max");
+  ops::check_row_vector(kChecks, row_max, N, op, "row_max");
   if (N == 0) return;
   ce_row_max_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(l, row_max.f32());
   check_launch(op);
@@ -116,10 +101,10 @@ void CudaBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const 
   const char* op = "ce_sum_exp";
   const Logits l = check_logits(logits, vocab_start, vocab_size, op);
   const int64_t N = rows_of(logits);
-  check_row_vector(row_max, N, op, "row_max");
-  check_row_vector(sum_exp, N, op, "sum_exp");
-  check_row_vector(target_logit, N, op, "target_logit");
-  check_targets(targets, N, op);
+  ops::check_row_vector(kChecks, row_max, N, op, "row_max");
+  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
+  ops::check_row_vector(kChecks, target_logit, N, op, "target_logit");
+  ops::check_targets_shape(kChecks, targets, N, op);
   if (N == 0) return;
   ce_sum_exp_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
       l, row_max.f32(), targets.i32(), vocab_start, vocab_size, sum_exp.f32(), target_logit.f32(), error_device_);
@@ -132,9 +117,9 @@ void CudaBackend::ce_backward(const Tensor& logits, const Tensor& row_max, const
   const char* op = "ce_backward";
   const Logits l = check_logits(logits, vocab_start, vocab_size, op);
   const int64_t N = rows_of(logits);
-  check_row_vector(row_max, N, op, "row_max");
-  check_row_vector(sum_exp, N, op, "sum_exp");
-  check_targets(targets, N, op);
+  ops::check_row_vector(kChecks, row_max, N, op, "row_max");
+  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
+  ops::check_targets_shape(kChecks, targets, N, op);
   require_float(dlogits, op, "dlogits");
   require_numel(dlogits, logits.numel(), op, "dlogits", "logits' shape " + shape_str(logits.shape()));
   if (N == 0) return;

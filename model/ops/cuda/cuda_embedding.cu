@@ -69,24 +69,12 @@ __global__ void add_positions_backward_kernel(const void* dout, DType dd, int64_
   }
 }
 
-void require_table(const Tensor& table, const char* op, const char* arg) {
-  require_float(table, op, arg);
-  require(table.ndim() == 2, op, std::string(arg) + " must be [rows, C], got " + describe(table));
-}
-
-int64_t sequences(const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg) {
-  require(T > 0 && C > 0 && act.numel() % (T * C) == 0, op,
-          std::string(arg) + " " + describe(act) + " is not a whole number of sequences of T=" + std::to_string(T) +
-              " rows of width " + std::to_string(C));
-  return act.numel() / (T * C);
-}
-
 }  // namespace
 
 void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& table, int64_t vocab_start, Tensor& out) {
   const char* op = "embedding_forward";
   require_dtype(ids, DType::I32, op, "ids");
-  require_table(table, op, "table");
+  ops::check_table(kChecks, table, op, "table");
   require_float(out, op, "out");
   const int64_t N = ids.numel(), rows = table.dim(0), C = table.dim(1);
   require_numel(out, N * C, op, "out", shape_str({N, C}));
@@ -99,7 +87,7 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& table, int6
 void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab_start, Tensor& dtable) {
   const char* op = "embedding_backward";
   require_dtype(ids, DType::I32, op, "ids");
-  require_table(dtable, op, "dtable");
+  ops::check_table(kChecks, dtable, op, "dtable");
   require_float(dout, op, "dout");
   const int64_t N = ids.numel(), rows = dtable.dim(0), C = dtable.dim(1);
   require_numel(dout, N * C, op, "dout", shape_str({N, C}));
@@ -114,12 +102,12 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int6
 
 void CudaBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
   const char* op = "add_positions";
-  require_table(pos_table, op, "pos_table");
+  ops::check_table(kChecks, pos_table, op, "pos_table");
   const int64_t C = pos_table.dim(1);
   require(T <= pos_table.dim(0), op,
           "sequence length " + std::to_string(T) + " exceeds the position table " + describe(pos_table));
   require_float(out, op, "out");
-  const int64_t B = sequences(out, T, C, op, "out");
+  const int64_t B = ops::check_sequences(kChecks, out, T, C, op, "out");
   if (B == 0) return;
   add_positions_kernel<<<grid_for(B * T * C, kThreads), kThreads, 0, stream_>>>(pos_table.raw(), pos_table.dtype(), T,
                                                                                 out.raw(), out.dtype(), B * T, C);
@@ -128,11 +116,11 @@ void CudaBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out)
 
 void CudaBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
   const char* op = "add_positions_backward";
-  require_table(dpos, op, "dpos");
+  ops::check_table(kChecks, dpos, op, "dpos");
   const int64_t C = dpos.dim(1);
   require(T <= dpos.dim(0), op, "sequence length " + std::to_string(T) + " exceeds the position table " + describe(dpos));
   require_float(dout, op, "dout");
-  const int64_t B = sequences(dout, T, C, op, "dout");
+  const int64_t B = ops::check_sequences(kChecks, dout, T, C, op, "dout");
   add_positions_backward_kernel<<<grid_for(T * C, kThreads), kThreads, 0, stream_>>>(dout.raw(), dout.dtype(), B, T,
                                                                                      dpos.raw(), dpos.dtype(), C);
   check_launch(op);

@@ -105,13 +105,6 @@ __global__ void layernorm_param_partials_kernel(const void* x, DType xd, const v
   }
 }
 
-int64_t layernorm_rows(const Tensor& x, int64_t C, const char* op) {
-  require_float(x, op, "x");
-  require(C > 0 && x.ndim() >= 1 && x.dim(-1) == C, op,
-          "x " + describe(x) + " does not end in the normalised width " + std::to_string(C));
-  return x.numel() / C;
-}
-
 unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 }  // namespace
@@ -122,7 +115,7 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
   require_float(gamma, op, "gamma");
   require_float(beta, op, "beta");
   const int64_t C = gamma.numel();
-  const int64_t N = layernorm_rows(x, C, op);
+  const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
   require_numel(beta, C, op, "beta", "gamma's shape");
   require_float(y, op, "y");
   require_numel(y, N * C, op, "y", "x's shape " + shape_str(x.shape()));
@@ -143,19 +136,8 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   const char* op = "layernorm_backward";
   require_float(gamma, op, "gamma");
   const int64_t C = gamma.numel();
-  const int64_t N = layernorm_rows(x, C, op);
-  require_float(dy, op, "dy");
-  require_float(dx, op, "dx");
-  require_float(dgamma, op, "dgamma");
-  require_float(dbeta, op, "dbeta");
-  require_numel(dy, N * C, op, "dy", "x's shape " + shape_str(x.shape()));
-  require_numel(dx, N * C, op, "dx", "x's shape " + shape_str(x.shape()));
-  require_dtype(mean, DType::F32, op, "mean");
-  require_dtype(rstd, DType::F32, op, "rstd");
-  require_numel(mean, N, op, "mean", "one value per row");
-  require_numel(rstd, N, op, "rstd", "one value per row");
-  require_numel(dgamma, C, op, "dgamma", "gamma's shape");
-  require_numel(dbeta, C, op, "dbeta", "gamma's shape");
+  const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
+  ops::check_layernorm_backward(kChecks, dy, x, mean, rstd, dx, dgamma, dbeta, N, C, op);
   if (N == 0) return;
   const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
   layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(in, dy.raw(), dy.dtype(), mean.f32(),

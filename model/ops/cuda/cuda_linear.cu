@@ -15,20 +15,6 @@ using namespace cuda;
 
 namespace {
 
-struct LinearDims {
-  int64_t rows, in, out;
-};
-
-LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
-  require_float(x, op, "x");
-  require_float(w, op, "w");
-  require(w.ndim() == 2, op, "w must be [out, in], got " + describe(w));
-  const int64_t in = w.dim(1), out = w.dim(0);
-  require(x.ndim() >= 1 && x.dim(-1) == in, op,
-          "x " + describe(x) + " does not end in w's in-features " + std::to_string(in) + " (w " + describe(w) + ")");
-  return {in == 0 ? 0 : x.numel() / in, in, out};
-}
-
 DType product_dtype(DType a, DType b) {
   if (a == b) return a;
   if (a == DType::F32) return b;
@@ -47,7 +33,7 @@ __global__ void broadcast_rows_kernel(const void* b, DType bd, void* y, DType yd
 
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const char* op = "linear_forward";
-  const LinearDims d = linear_dims(x, w, op);
+  const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
   require_float(y, op, "y");
   require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
   float beta = 0.f;
@@ -80,7 +66,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor*
 void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                                   Tensor* db) {
   const char* op = "linear_backward";
-  const LinearDims d = linear_dims(x, w, op);
+  const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
   require_float(dy, op, "dy");
   require_numel(dy, d.rows * d.out, op, "dy", shape_str({d.rows, d.out}));
   require_float(dw, op, "dw");

@@ -1,0 +1,121 @@
+// The shared backend argument checks declared in op_checks.h.
+#include "model/ops/op_checks.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace gpt::ops {
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
+
+void OpChecks::require(bool ok, const char* op, const std::string& message) const {
+  if (!ok) throw std::runtime_error(std::string(backend) + "::" + op + ": " + message);
+}
+
+void OpChecks::require_here(const Tensor& t, const char* op, const char* arg) const {
+  require(t.defined(), op, std::string(arg) + " is an undefined tensor");
+  require(t.device() == device, op,
+          std::string(arg) + (device == Device::CPU ? " does not live in host memory" : " does not live in GPU memory"));
+}
+
+void OpChecks::require_float(const Tensor& t, const char* op, const char* arg) const {
+  require_here(t, op, arg);
+  require(is_float(t.dtype()), op, std::string(arg) + " must be a float tensor, got " + describe(t));
+}
+
+void OpChecks::require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) const {
+  require_here(t, op, arg);
+  require(t.dtype() == dtype, op, std::string(arg) + " must be " + dtype_name(dtype) + ", got " + describe(t));
+}
+
+void OpChecks::require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg,
+                             const std::string& what) const {
+  require(t.numel() == numel, op,
+          std::string(arg) + " is " + describe(t) + " but " + what + " (" + std::to_string(numel) +
+              " elements) is required");
+}
+
+LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, const char* op) {
+  c.require_float(x, op, "x");
+  c.require_float(w, op, "w");
+  c.require(w.ndim() == 2, op, "w must be [out, in], got " + describe(w));
+  const int64_t in = w.dim(1), out = w.dim(0);
+  c.require(x.ndim() >= 1 && x.dim(-1) == in, op,
+            "x " + describe(x) + " does not end in w's in-features " + std::to_string(in) + " (w " + describe(w) + ")");
+  return {in == 0 ? 0 : x.numel() / in, in, out};
+}
+
+AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
+                              int64_t H, int64_t D, const char* op) {
+  c.require(B > 0 && T > 0 && H > 0 && D > 0, op,
+            "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
+                std::to_string(H) + ", " + std::to_string(D));
+  const std::string dims =
+      "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
+  c.require_float(qkv, op, "qkv");
+  c.require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
+  c.require_dtype(probs, DType::F32, op, "probs");
+  c.require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T] for " + dims);
+  return {B, T, H, D};
+}
+
+int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op) {
+  c.require_float(x, op, "x");
+  c.require(C > 0 && x.ndim() >= 1 && x.dim(-1) == C, op,
+            "x " + describe(x) + " does not end in the normalised width " + std::to_string(C));
+  return x.numel() / C;
+}
+
+void check_layernorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                              int64_t N, int64_t C, const char* op) {
+  c.require_float(dy, op, "dy");
+  c.require_float(dx, op, "dx");
+  c.require_float(dgamma, op, "dgamma");
+  c.require_float(dbeta, op, "dbeta");
+  c.require_numel(dy, N * C, op, "dy", "x's shape " + shape_str(x.shape()));
+  c.require_numel(dx, N * C, op, "dx", "x's shape " + shape_str(x.shape()));
+  c.require_dtype(mean, DType::F32, op, "mean");
+  c.require_dtype(rstd, DType::F32, op, "rstd");
+  c.require_numel(mean, N, op, "mean", "one value per row");
+  c.require_numel(rstd, N, op, "rstd", "one value per row");
+  c.require_numel(dgamma, C, op, "dgamma", "gamma's shape");
+  c.require_numel(dbeta, C, op, "dbeta", "gamma's shape");
+}
+
+void check_table(const OpChecks& c, const Tensor& table, const char* op, const char* arg) {
+  c.require_float(table, op, arg);
+  c.require(table.ndim() == 2, op, std::string(arg) + " must be [rows, C], got " + describe(table));
+}
+
+int64_t check_sequences(const OpChecks& c, const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg) {
+  c.require(T > 0 && C > 0 && act.numel() % (T * C) == 0, op,
+            std::string(arg) + " " + describe(act) + " is not a whole number of sequences of T=" + std::to_string(T) +
+                " rows of width " + std::to_string(C));
+  return act.numel() / (T * C);
+}
+
+VocabShard check_logits(const OpChecks& c, const Tensor& logits, int64_t vocab_start, int64_t vocab_size,
+                        const char* op) {
+  c.require_float(logits, op, "logits");
+  c.require(logits.ndim() >= 1 && logits.dim(-1) > 0, op, "logits must be [N, Vl], got " + describe(logits));
+  c.require(vocab_start >= 0 && vocab_size > 0, op,
+            "vocab_start must be >= 0 and vocab_size > 0, got " + std::to_string(vocab_start) + " and " +
+                std::to_string(vocab_size));
+  const int64_t cols = logits.dim(-1);
+  return {logits.numel() / cols, cols, std::clamp<int64_t>(vocab_size - vocab_start, 0, cols)};
+}
+
+void check_row_vector(const OpChecks& c, const Tensor& t, int64_t rows, const char* op, const char* arg) {
+  c.require_dtype(t, DType::F32, op, arg);
+  c.require_numel(t, rows, op, arg, "one value per logits row");
+}
+
+void check_targets_shape(const OpChecks& c, const Tensor& targets, int64_t rows, const char* op) {
+  c.require_dtype(targets, DType::I32, op, "targets");
+  c.require_numel(targets, rows, op, "targets", "one target per logits row");
+}
+
+}  // namespace gpt::ops

@@ -1,0 +1,72 @@
+// Argument checks every backend runs before an op, written once so that the CPU and CUDA backends reject
+// the same inputs with the same messages, "<Backend>::<op>: <message>". A backend names itself and the
+// device its tensors must live on (OpChecks); the op-level checks below (linear, attention, layernorm,
+// embedding, cross-entropy shapes) return the dimensions the kernels need.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/tensor.h"
+
+namespace gpt::ops {
+
+bool is_float(DType t);
+// "[2, 3] fp32", for messages.
+std::string describe(const Tensor& t);
+
+// The generic checks, for one backend: each throws std::runtime_error naming the backend, op and argument.
+struct OpChecks {
+  const char* backend;  // "CpuBackend", "CudaBackend"
+  Device device;        // where the backend's tensors live
+
+  void require(bool ok, const char* op, const std::string& message) const;
+  // Defined, on this backend's device.
+  void require_here(const Tensor& t, const char* op, const char* arg) const;
+  // ... and of a float dtype (F32/BF16/F16), or of exactly `dtype`.
+  void require_float(const Tensor& t, const char* op, const char* arg) const;
+  void require_dtype(const Tensor& t, DType dtype, const char* op, const char* arg) const;
+  // Exactly `numel` elements; `what` describes the expected shape for the message.
+  void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) const;
+};
+
+// linear: x [rows, in] against w [out, in].
+struct LinearDims {
+  int64_t rows, in, out;
+};
+LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, const char* op);
+
+// attention over packed qkv [B*T, 3*H*D] with fp32 probs [B, H, T, T].
+struct AttentionDims {
+  int64_t B, T, H, D;
+  int64_t qkv_ld() const { return 3 * H * D; }
+  int64_t out_ld() const { return H * D; }
+  int64_t bh() const { return B * H; }
+  int64_t head_elems() const { return B * H * T * D; }  // one of q, k, v in head layout
+};
+AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
+                              int64_t H, int64_t D, const char* op);
+
+// layernorm: x's rows of width C (the rows are returned).
+int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op);
+// layernorm_backward's other arguments, for N rows of width C.
+void check_layernorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                              int64_t N, int64_t C, const char* op);
+
+// embedding: a float [rows, C] table; an activation [B*T, C] that is whole sequences of T rows (B returned).
+void check_table(const OpChecks& c, const Tensor& table, const char* op, const char* arg);
+int64_t check_sequences(const OpChecks& c, const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg);
+
+// cross-entropy: a logits shard [N, Vl] whose first `real` columns hold vocabulary entries.
+struct VocabShard {
+  int64_t rows;  // N
+  int64_t cols;  // Vl, including padding
+  int64_t real;  // leading columns that hold real vocabulary entries
+};
+VocabShard check_logits(const OpChecks& c, const Tensor& logits, int64_t vocab_start, int64_t vocab_size,
+                        const char* op);
+// An F32 vector of one value per logits row; I32 targets of one per row.
+void check_row_vector(const OpChecks& c, const Tensor& t, int64_t rows, const char* op, const char* arg);
+void check_targets_shape(const OpChecks& c, const Tensor& targets, int64_t rows, const char* op);
+
+}  // namespace gpt::ops
