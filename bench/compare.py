@@ -281,18 +281,17 @@ def measure_peaks(args, out_dir):
         peaks["torch"] = last_json_line(os.path.join(out_dir, "torch_gemm_peak.log"))
     ob, tg = peaks.get("openblas", {}), peaks.get("torch", {})
     # The machine's peak per dtype: the fastest GEMM measured here, whoever's it is.
-    fp32 = {"OpenBLAS sgemm": ob.get("sgemm_gflops"), "PyTorch fp32 matmul": tg.get("fp32_gflops"),
-            "gpt-train fp32 GEMM (AVX-512)": ob.get("gpt_train_f32_gflops")}
-    fp32 = {k: v for k, v in fp32.items() if v}
-    peaks["fp32_all"] = fp32
-    peaks["fp32_source"] = max(fp32, key=fp32.get) if fp32 else None
-    peaks["fp32_gflops"] = fp32[peaks["fp32_source"]] if fp32 else None
-    bf16 = {"OpenBLAS cblas_sbgemm": ob.get("sbgemm_gflops"), "PyTorch bf16 matmul (oneDNN)": tg.get("bf16_gflops"),
-            "gpt-train bf16 GEMM (AVX512-BF16)": ob.get("gpt_train_bf16_gflops")}
-    bf16 = {k: v for k, v in bf16.items() if v}
-    peaks["bf16_all"] = bf16
-    peaks["bf16_source"] = max(bf16, key=bf16.get) if bf16 else None
-    peaks["bf16_gflops"] = bf16[peaks["bf16_source"]] if bf16 else None
+    candidates = {
+        "fp32": {"OpenBLAS sgemm": ob.get("sgemm_gflops"), "PyTorch fp32 matmul": tg.get("fp32_gflops"),
+                 "gpt-train fp32 GEMM (AVX-512)": ob.get("gpt_train_f32_gflops")},
+        "bf16": {"OpenBLAS cblas_sbgemm": ob.get("sbgemm_gflops"), "PyTorch bf16 matmul (oneDNN)": tg.get("bf16_gflops"),
+                 "gpt-train bf16 GEMM (AVX512-BF16)": ob.get("gpt_train_bf16_gflops")},
+    }
+    for dtype, rates in candidates.items():
+        rates = {k: v for k, v in rates.items() if v}
+        source = max(rates, key=rates.get) if rates else None
+        peaks.update({f"{dtype}_all": rates, f"{dtype}_source": source,
+                      f"{dtype}_gflops": rates[source] if rates else None})
     return peaks
 
 
@@ -402,6 +401,11 @@ def fmt(value, spec=".0f", none="-"):
     return none if value is None else format(value, spec)
 
 
+def print_table_head(head):
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+
+
 def print_throughput(rows, peaks, threads):
     malloc = next((r.get("malloc") for r in rows if r["impl"] == "pytorch"), None)
     print(f"\nThroughput, {threads} threads per process (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {threads}, "
@@ -415,8 +419,7 @@ def print_throughput(rows, peaks, threads):
           "mean timed step\n")
     head = ("| config | dtype | gpt-train tok/s (median) | PyTorch tok/s | ratio | gpt-train GFLOP/s | % peak | "
             "PyTorch GFLOP/s | % peak | gpt-train RSS MB | PyTorch RSS MB | CPU % | load |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    print_table_head(head)
     by_key = {(r["config"], r["dtype"], r["impl"]): r for r in rows}
     for name in CONFIGS:
         layers, hidden, heads, seq, batch, vocab, _, _ = CONFIGS[name]
@@ -452,8 +455,7 @@ def print_recompute(rows):
           "RSS = /usr/bin/time's maximum resident set size\n")
     head = ("| config | dtype | recompute | tok/s | step ms | time cost | peak MB | saved MB | saved | RSS MB | "
             "CPU % |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    print_table_head(head)
     by_key = {(r["config"], r["dtype"], r["recompute"]): r for r in rows}
     for name in CONFIGS:
         for dtype in ("fp32", "bf16"):
@@ -481,8 +483,7 @@ def print_layouts(rows):
           "embedding all-reduce between first and last stage, which the log line does not include\n")
     head = ("| layout | threads/rank | tokens/s | vs (1,1,1) 1 thread | tp MB meas/theory | pp MB meas/theory | "
             "dp MB meas/theory | emb MB theory | comm time tp/pp/dp | peak RSS MB per rank |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    print_table_head(head)
     base = next((r for r in rows if r["layout"] == "(1,1,1) 1 thread" and r.get("rc") == 0), None)
     for r in rows:
         if r.get("rc") != 0:
