@@ -388,6 +388,13 @@ TEST(PlanCommand, StartupCheckWarnsAndNamesTheBetterLayout) {
   auto warnings = layout_check_warnings(cfg, grid_layout_from_config(cfg.parallel, 8), a100, 8);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("slower than tp="), std::string::npos) << warnings[0];
+  // The suggested command names the hardware as the user gave it: the built-in name, or their file.
+  EXPECT_NE(warnings[0].find("--hardware a100-80g'"), std::string::npos) << warnings[0];
+  cfg.logging.hardware = "configs/hardware/a100-80g.yaml";
+  warnings = layout_check_warnings(cfg, grid_layout_from_config(cfg.parallel, 8), a100, 8);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("--hardware configs/hardware/a100-80g.yaml'"), std::string::npos) << warnings[0];
+  cfg.logging.hardware.clear();
   // The planner's own best layout draws no warning.
   PlanOptions o;
   o.devices = 8;
