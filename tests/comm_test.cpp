@@ -147,6 +147,43 @@ TEST_F(Comm, ReduceScatterIntoOwnBlock) {
   for (int k = 0; k < n; ++k) EXPECT_EQ(shard.f32()[k], 36.0f);  // sum of 1..8
 }
 
+TEST_F(Comm, CollectivesSplitIntoPiecesGiveTheWholeResult) {
+  // Large enough that every reduction and gather runs as several calls of at most 8 MiB, with a ragged
+  // last piece: each element's sum is checked, so a piece placed at the wrong offset shows.
+  const int64_t n = (int64_t(3) << 20) / 8 + 12345;  // per-rank block; 8 blocks are ~12.4 MiB of fp32
+  const int r = world->rank();
+  Tensor in = host_tensor(8 * n), out = host_tensor(n);
+  for (int64_t j = 0; j < 8 * n; ++j) in.f32()[j] = float(r + (j % 1000));
+  world->reduce_scatter(in, out);
+  for (int64_t k = 0; k < n; ++k) ASSERT_EQ(out.f32()[k], 28.0f + 8 * ((r * n + k) % 1000)) << k;
+
+  Tensor gathered = host_tensor(8 * n);
+  world->all_gather(out, gathered);
+  for (int64_t j = 0; j < 8 * n; ++j) ASSERT_EQ(gathered.f32()[j], 28.0f + 8 * (j % 1000)) << j;
+
+  Tensor reduced = host_tensor(8 * n);
+  std::memcpy(reduced.raw(), in.raw(), in.bytes());
+  world->all_reduce(reduced);
+  for (int64_t j = 0; j < 8 * n; ++j) ASSERT_EQ(reduced.f32()[j], 28.0f + 8 * (j % 1000)) << j;
+
+  // In place: a shard reduced into this rank's block of the buffer, then gathered back over it.
+  Tensor buf = host_tensor(8 * n);
+  std::memcpy(buf.raw(), in.raw(), in.bytes());
+  Tensor shard = buf.slice_elems(r * n, {n});
+  world->reduce_scatter(buf, shard);
+  for (int64_t k = 0; k < n; ++k) ASSERT_EQ(shard.f32()[k], 28.0f + 8 * ((r * n + k) % 1000)) << k;
+  world->all_gather(shard, buf);
+  for (int64_t j = 0; j < 8 * n; ++j) ASSERT_EQ(buf.f32()[j], 28.0f + 8 * (j % 1000)) << j;
+
+  // 16-bit elements move as raw words, split the same way.
+  const int64_t h = 2 * n;  // twice as many 2-byte elements to span the same number of pieces
+  Tensor hin = host_tensor(h, DType::BF16), hout = host_tensor(8 * h, DType::BF16);
+  for (int64_t i = 0; i < h; ++i) hin.data<uint16_t>()[i] = static_cast<uint16_t>(r * 4096 + i % 4096);
+  world->all_gather(hin, hout);
+  for (int64_t j = 0; j < 8 * h; ++j)
+    ASSERT_EQ(hout.data<uint16_t>()[j], static_cast<uint16_t>((j / h) * 4096 + (j % h) % 4096)) << j;
+}
+
 TEST_F(Comm, BroadcastFromEveryRoot) {
   for (int root = 0; root < 8; ++root) {
     Tensor t = host_tensor(4), h = host_tensor(3, DType::F16);
