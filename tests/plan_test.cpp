@@ -4,13 +4,14 @@
 //    3072 A100 80 GB): for each row the planner's predicted TFLOP/s per GPU for the published
 //    (tensor, pipeline, data) layout lies within 20% of the published figure, and that layout ranks
 //    among the planner's top 3 (seven rows) or, where the model prefers less TP (three rows), within 25%
-//    of the best;
+//    of the best; and GPT-NeoX-20B's published layout (TP 2, PP 4 on 96 A100 40 GB) in the top 3;
 //  - the enumeration obeys its rules (every listed layout is valid, rejections name the rule), the time
 //    model reduces to Megatron's bubble formula for equal stages, and more devices per node, faster links
 //    or more memory never make a prediction worse;
 //  - hardware descriptions: built-ins are complete and the files in configs/hardware/ say the same.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -139,6 +140,39 @@ TEST(PlannerMegatron, RetainedSendBuffersCostMemory) {
   // The difference is exactly the kept activations and gradients: m of each per stage boundary.
   const int64_t kept = estimate_memory(dims(r), l, 1).total() - estimate_memory(dims(r), l, 1, SendBuffers::FreedOnDelivery).total();
   EXPECT_GT(kept, 0);
+}
+
+// GPT-NeoX-20B (hidden 6144, 64 heads, 44 layers, sequence 2048, vocabulary 50432), the width of the
+// 18.4B row above, was trained with TP 2, PP 4 on 96 A100 40 GB GPUs: ZeRO-1, full recomputation, fp16,
+// global batch 1536 (GPT-NeoX's configs/20B.yml). The planner ranks that (t, p, d) among its top 3, and
+// every TP 8 choice, the 2021 rule of thumb, below it.
+TEST(PlannerPublishedLayouts, GptNeoX20B) {
+  HardwareSpec a100_40g = *builtin_hardware("a100-80g");
+  a100_40g.name = "a100-40g";
+  a100_40g.memory_gib = 40;
+  PlanOptions o;
+  o.devices = 96;
+  o.recompute = Recompute::Full;
+  o.distributed_optimizer = true;
+  o.dtype = DType::F16;
+  o.send_buffers = SendBuffers::FreedOnDelivery;
+  o.grads_in_compute_dtype = true;
+  const Plan plan = make_plan(ModelDims{44, 6144, 64, 4 * 6144, 2048, 50432, 128}, 1536, a100_40g, o);
+  std::vector<std::tuple<int, int, int>> order;  // distinct fitting (t, p, d), best first
+  for (const PlanEntry& e : plan.layouts) {
+    if (!e.fits) break;
+    auto key = std::make_tuple(e.layout.tp, e.layout.pp, e.layout.dp);
+    if (std::find(order.begin(), order.end(), key) == order.end()) order.push_back(key);
+  }
+  auto rank_of = [&](int t, int p, int d) {
+    auto it = std::find(order.begin(), order.end(), std::make_tuple(t, p, d));
+    return it == order.end() ? 0 : static_cast<int>(it - order.begin()) + 1;
+  };
+  const int published = rank_of(2, 4, 12);
+  ASSERT_GE(published, 1) << "the published layout does not fit or was not enumerated";
+  EXPECT_LE(published, 3);
+  for (int p : {1, 2, 4})
+    if (int r = rank_of(8, p, 96 / (8 * p))) EXPECT_GT(r, published) << "tp 8, pp " << p;
 }
 
 // ---- the time model's parts ----
