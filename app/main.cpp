@@ -39,11 +39,16 @@ int main(int argc, char** argv) {
     return args.help ? 0 : 2;
   }
   // Subcommands that need no MPI run before MPI_Init so they work without a launcher.
-  if (args.command == "schedule") return gpt::schedule_main(args);
-  if (args.command == "plan") return gpt::plan_main(args);
-  if (args.command == "config") return gpt::config_main(args);
-  if (args.command == "convert") return gpt::convert_main(args);
-  if (args.command == "prep") return gpt::prep_main(std::vector<std::string>(argv + 2, argv + argc));
+  try {
+    if (args.command == "schedule") return gpt::schedule_main(args);
+    if (args.command == "plan") return gpt::plan_main(args);
+    if (args.command == "config") return gpt::config_main(args);
+    if (args.command == "convert") return gpt::convert_main(args);
+    if (args.command == "prep") return gpt::prep_main(std::vector<std::string>(argv + 2, argv + argc));
+  } catch (const gpt::CliError& e) {  // an option the subcommand does not know
+    std::fprintf(stderr, "gpt-train: %s\n", e.what());
+    return 2;
+  }
 
   MPI_Init(&argc, &argv);
   const int rank = world_rank();
@@ -54,6 +59,9 @@ int main(int argc, char** argv) {
     // Every rank threw the same error from the same inputs.
     if (rank == 0) std::fprintf(stderr, "gpt-train: error: %s\n", e.what());
     rc = 1;
+  } catch (const gpt::CliError& e) {  // likewise: an option this subcommand does not know
+    if (rank == 0) std::fprintf(stderr, "gpt-train: %s\n", e.what());
+    rc = 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt-train: [rank %d] error: %s\n", rank, e.what());
     std::fflush(stderr);

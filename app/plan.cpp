@@ -502,9 +502,10 @@ int plan_main(const ParsedArgs& args) {
     const std::string dist = args.get("distributed-optimizer", "all");
     if (dist == "on" || dist == "off") o.distributed_optimizer = dist == "on";
     else if (dist != "all") throw std::runtime_error("--distributed-optimizer: expected on, off or all, got '" + dist + "'");
-    const std::string buffers = args.get("p2p-buffers", "kept");
+    const std::string buffers = args.get("p2p-buffers", "released");
     if (buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
-    else if (buffers != "kept") throw std::runtime_error("--p2p-buffers: expected kept or freed, got '" + buffers + "'");
+    else if (buffers != "released")
+      throw std::runtime_error("--p2p-buffers: expected released or freed, got '" + buffers + "'");
     const std::string grads = args.get("grad-dtype", "fp32");
     if (grads == "compute") o.grads_in_compute_dtype = true;
     else if (grads != "fp32") throw std::runtime_error("--grad-dtype: expected fp32 or compute, got '" + grads + "'");

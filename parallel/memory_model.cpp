@@ -13,6 +13,7 @@
 #include "model/param_count.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
+#include "parallel/send_release.h"
 
 namespace gpt {
 
@@ -279,24 +280,39 @@ MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_r
   }
   e.activation_cache = cache[0];
   const bool needs_data = pp_rank == 0 || pp_rank == p - 1;
+  const bool freed_at_once = sends == SendBuffers::FreedOnDelivery;
+  // This executor's release points (send_release.h): how many sends each pass frees after its receive.
+  std::vector<int> released_by;
+  if (!freed_at_once && p > 1) {
+    const std::vector<int>& release_at = (*cached_send_release_points(p, v, mbs, false))[pp_rank];
+    released_by.assign(release_at.size() + 1, 0);
+    for (int k : release_at)
+      if (k >= 0) ++released_by[k];
+  }
   Ledger L;
   int64_t held = 0;
+  int k = 0;
   for (const auto& [kind, c] : schedule_passes(p, v, mbs, pp_rank)) {
     const int stage = c * p + pp_rank;
     if (kind == PassKind::Forward) {
       if (needs_data && c == 0) L.alloc(s.batch);  // first pass of the microbatch here loads its tokens
       if (stage > 0) L.alloc(s.X);                 // received activation
+    } else if (stage < p * v - 1) {
+      L.alloc(s.X);                                // received gradient
+    }
+    if (!released_by.empty())
+      for (int i = 0; i < released_by[k]; ++i) L.free(s.X);  // sends known received by now
+    ++k;
+    if (kind == PassKind::Forward) {
       L.peak = std::max(L.peak, L.live + fwd[c].peak);
       L.live += fwd[c].delta;                      // output stays alive in a send buffer, if sent
-      if (stage < p * v - 1 && sends == SendBuffers::FreedOnDelivery) L.free(s.X);
+      if (stage < p * v - 1 && freed_at_once) L.free(s.X);
       e.in_flight = std::max(e.in_flight, ++held);
     } else {
-      const bool recv = stage < p * v - 1;
-      if (recv) L.alloc(s.X);                      // received gradient
       L.peak = std::max(L.peak, L.live + bwd[c].peak);
       L.live += bwd[c].delta;                      // releases the cache; a sent gradient stays alive
-      if (recv) L.free(s.X);
-      if (stage > 0 && sends == SendBuffers::FreedOnDelivery) L.free(s.X);
+      if (stage < p * v - 1) L.free(s.X);          // the received gradient
+      if (stage > 0 && freed_at_once) L.free(s.X);
       if (needs_data && c == 0) L.free(s.batch);
       --held;
     }

@@ -12,7 +12,8 @@
 //    in flight (num_warmup_passes + 1 chunk passes for 1F1B), the transients of the pass being run (the
 //    LM head's logits [N, V/tp] fp32 (the gradient overwrites them) on the last stage, the gradients of one block in
 //    backward, the layer rebuilt by recomputation), the token batches of the first and last stage, and
-//    the pipeline send buffers, which the executor keeps until the end of the step; or, if larger, the
+//    the pipeline send buffers, which the executor keeps until a received message proves their delivery
+//    (a few per stage, not one per microbatch); or, if larger, the
 //    optimizer step's transient (the distributed optimizer's reduce-scatter target; with 16-bit gradient
 //    buffers, as Megatron-LM has them, their fp32 copies).
 // Recomputation follows Megatron's meanings: selective drops the attention probabilities (recomputed
@@ -68,10 +69,11 @@ struct LayoutSpec {
 
 const char* recompute_name(Recompute r);
 
-// How long the pipeline executor keeps a sent activation or gradient alive: until the step ends (this
-// codebase's executor, parallel/pipeline_executor.cpp, waits for all its sends after the last pass), or
-// until it is delivered (an executor that waits for each transfer, as Megatron-LM's does).
-enum class SendBuffers { KeptUntilStepEnd, FreedOnDelivery };
+// How long the pipeline executor keeps a sent activation or gradient alive: until a message it receives
+// proves the peer has it (this codebase's executor, parallel/pipeline_executor.cpp, with the release
+// points of parallel/send_release.h), or only until it is delivered (an executor that waits for each
+// transfer, as Megatron-LM's does).
+enum class SendBuffers { ReleasedWhenKnownReceived, FreedOnDelivery };
 
 // Predicted bytes of one rank (one pipeline stage; every tp and dp rank of a stage holds the same
 // amount, except that dp rank 0 holds the largest optimizer shard).
@@ -92,9 +94,9 @@ struct MemoryEstimate {
 void validate_layout(const ModelDims& model, const LayoutSpec& layout);
 // The prediction for pipeline rank `pp_rank`, and for the rank that holds the most.
 MemoryEstimate estimate_memory(const ModelDims& model, const LayoutSpec& layout, int pp_rank,
-                               SendBuffers sends = SendBuffers::KeptUntilStepEnd);
+                               SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 MemoryEstimate estimate_peak_memory(const ModelDims& model, const LayoutSpec& layout,
-                                    SendBuffers sends = SendBuffers::KeptUntilStepEnd);
+                                    SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 
 // Parameters held by pipeline rank `pp_rank`, per model chunk, counting this rank's tensor-parallel
 // shards (replicated tensors in full) and the tied copy of the word embedding on the last stage.

@@ -5,16 +5,11 @@
 #include <memory>
 
 #include "parallel/pipeline_schedule.h"
+#include "parallel/send_release.h"
 
 namespace gpt {
 
 namespace {
-
-// Every transfer is keyed by (kind, receiving virtual stage, microbatch) so matching never depends on
-// message order.
-int transfer_tag(PassKind kind, int receiving_stage, int microbatch, int total_stages) {
-  return ((microbatch * total_stages + receiving_stage) << 1) | (kind == PassKind::Backward ? 1 : 0);
-}
 
 struct StepIo {
   ParallelState& ps;
@@ -23,8 +18,9 @@ struct StepIo {
   int64_t consumed;
   bool needs_data;
   std::map<int, Microbatch> batches;
-  std::vector<std::unique_ptr<PendingSend>> sends;
-  std::vector<Tensor> send_buffers;
+  // Posted sends by the index of the action that sent them; each keeps its buffer alive until released.
+  std::map<int, std::unique_ptr<PendingSend>> sends;
+  std::map<int, Tensor> send_buffers;
 
   const Microbatch& batch(int mb) {
     auto it = batches.find(mb);
@@ -43,12 +39,21 @@ struct StepIo {
     ps.pp->recv(t, peer, tag);
     return t;
   }
-  void send(const Tensor& t, int peer, int tag) {
-    send_buffers.push_back(t);
-    sends.push_back(ps.pp->send_async(t, peer, tag));
+  void send(int action, const Tensor& t, int peer, int tag) {
+    send_buffers.emplace(action, t);
+    sends.emplace(action, ps.pp->send_async(t, peer, tag));
+  }
+  // At the send's release point (send_release.h): the peer has taken it, or (an activation sent
+  // downstream) has posted or is about to post its receive; once the wait returns the buffer is freed.
+  void release(int action) {
+    auto it = sends.find(action);
+    if (it == sends.end()) return;
+    it->second->wait();
+    sends.erase(it);
+    send_buffers.erase(action);
   }
   void finish() {
-    for (auto& s : sends) s->wait();
+    for (auto& [action, s] : sends) s->wait();
     sends.clear();
     send_buffers.clear();
   }
@@ -64,9 +69,13 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
   for (ModelChunk* c : chunks) needs_data = needs_data || c->is_first() || c->is_last();
   StepIo io{ps, loader, ctx.backend, consumed, needs_data, {}, {}, {}};
   double loss_sum = 0;
-  PipelineSchedule table = schedule(p, v, m, ps.pp_rank());
-  for (const PipelineAction& a : table.actions) {
-    if (!training && a.kind == PassKind::Backward) continue;
+  const std::vector<PipelineAction> actions = step_table(p, v, m, ps.pp_rank(), !training).actions;
+  const std::vector<int>& release_at = (*cached_send_release_points(p, v, m, !training))[ps.pp_rank()];
+  std::vector<std::vector<int>> released_by(actions.size() + 1);  // action index -> sends released there
+  for (size_t i = 0; i < release_at.size(); ++i)
+    if (release_at[i] >= 0) released_by[release_at[i]].push_back(static_cast<int>(i));
+  for (int k = 0; k < static_cast<int>(actions.size()); ++k) {
+    const PipelineAction& a = actions[k];
     ModelChunk& chunk = *chunks[a.chunk];
     const Microbatch& b = io.batch(a.microbatch);
     const int64_t rows = rows_outside_tp_region(ctx, b.B * b.T);
@@ -75,6 +84,7 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
     if (a.recv)
       input = io.recv(a.recv->rank, transfer_tag(a.kind, a.virtual_stage, a.microbatch, stages), rows, hidden,
                       chunk.activation_dtype());
+    for (int sent : released_by[k]) io.release(sent);
     Tensor output;
     if (a.kind == PassKind::Forward) {
       double loss = 0;
@@ -84,7 +94,7 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
     } else {
       output = chunk.backward(ctx, a.microbatch, b, input);
     }
-    if (a.send) io.send(output, a.send->rank, transfer_tag(a.kind, a.send->virtual_stage, a.microbatch, stages));
+    if (a.send) io.send(k, output, a.send->rank, transfer_tag(a.kind, a.send->virtual_stage, a.microbatch, stages));
     // A microbatch's inputs are no longer needed once its last pass on this rank is done.
     if ((a.kind == PassKind::Backward || !training) && a.chunk == (a.kind == PassKind::Backward ? 0 : v - 1))
       io.batches.erase(a.microbatch);

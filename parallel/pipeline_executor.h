@@ -2,7 +2,10 @@
 // input (activation from the previous virtual stage, or gradient from the next), runs the chunk's forward
 // or backward, and posts the result to the neighbour with a non-blocking send. Because sends never block
 // and the table's dependencies are acyclic (checked by the schedule tests' simulation), the executor
-// cannot deadlock. With one stage and one chunk it is the plain forward/backward loop over microbatches.
+// cannot deadlock. A sent buffer is freed as soon as a received message proves the peer has it
+// (parallel/send_release.h), so the live send buffers stay bounded by the warm-up count instead of growing
+// with the number of microbatches. With one stage and one chunk it is the plain forward/backward loop
+// over microbatches.
 #pragma once
 #include <vector>
 

@@ -134,6 +134,10 @@ PipelineSchedule schedule(int p, int v, int m, int rank) {
   return s;
 }
 
+int transfer_tag(PassKind kind, int receiving_stage, int microbatch, int total_stages) {
+  return ((microbatch * total_stages + receiving_stage) << 1) | (kind == PassKind::Backward ? 1 : 0);
+}
+
 std::vector<PipelineSchedule> schedule_all_ranks(int p, int v, int m) {
   validate_schedule_args(p, v, m);
   std::vector<PipelineSchedule> all;

@@ -15,6 +15,8 @@
 // ranks in one direction the transfers of one kind are received in the order they were sent, so a
 // per-(peer, kind) FIFO match also works. Blocking (rendezvous) sends are not enough: already plain 1F1B with
 // p = 2, m = 2 would hang, rank 0 sending F1's activation while rank 1 sends B0's gradient.
+// The executor does wait for each activation sent downstream, after the receive of its next pass; the
+// release points of parallel/send_release.h run the tables with those waits to prove they complete.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -79,6 +81,10 @@ int num_warmup_passes(int p, int v, int m, int rank);
 PipelineSchedule schedule(int p, int v, int m, int rank);
 // All ranks' schedules, index = rank.
 std::vector<PipelineSchedule> schedule_all_ranks(int p, int v, int m);
+
+// The message tag of a transfer, unique within a step: (microbatch, receiving virtual stage, kind), so
+// matching never depends on message order. In [0, 2 m p v).
+int transfer_tag(PassKind kind, int receiving_stage, int microbatch, int total_stages);
 
 // Neighbours in virtual-stage order; nullopt past either end.
 std::optional<PeerEndpoint> next_virtual_stage(int p, int v, int rank, int chunk);

@@ -91,7 +91,7 @@ struct PlanOptions {
   DType dtype = DType::BF16;
   int64_t max_micro_batch = 16;
   int max_virtual_pipeline = 8;
-  SendBuffers send_buffers = SendBuffers::KeptUntilStepEnd;  // the executor whose memory is modelled
+  SendBuffers send_buffers = SendBuffers::ReleasedWhenKnownReceived;  // the executor whose memory is modelled
   // Megatron-LM's behaviour instead of this codebase's (LayoutSpec::grad_dtype, p2p_scatter_gather):
   bool grads_in_compute_dtype = false;  // gradient buffers and their dp reduction in the compute dtype
   bool p2p_scatter_gather = false;      // pipeline sends split over the tp ranks, all-gathered on arrival
@@ -129,6 +129,6 @@ struct Plan {
 Plan make_plan(const ModelDims& model, int64_t global_batch, const HardwareSpec& hw, const PlanOptions& options);
 // Evaluates one layout (validate_layout must pass) on hardware with this many devices per node.
 PlanEntry evaluate_layout(const ModelDims& model, const LayoutSpec& layout, const HardwareSpec& hw,
-                          SendBuffers sends = SendBuffers::KeptUntilStepEnd);
+                          SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 
 }  // namespace gpt

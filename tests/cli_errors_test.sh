@@ -32,6 +32,10 @@ expect_error "expects int" "$BIN" --config "$CFG" --set model.num_layers=abc
 expect_error "cannot open|No such file|not found|does not exist" "$BIN" --config "$TMP/missing.yaml"
 printf 'model:\n  num_layers: 2\n  bogus: 1\n' >"$TMP/bad.yaml"
 expect_error "bad.yaml.*unknown key 'model.bogus'" "$BIN" --config "$TMP/bad.yaml"
+expect_error "unknown option --pipeline for 'schedule'" "$BIN" schedule --pipeline 2
+expect_error "unknown option --gpu for 'plan'" "$BIN" plan --config "$CFG" --gpu 8
+expect_error "unknown option --bogus for 'config'" "$BIN" config --config "$CFG" --bogus 1
+expect_error "unknown option --bogus for 'train'" "${MPI[@]}" -np 2 "$BIN" --config "$CFG" --bogus 1
 expect_error "world size 3 is not divisible by tensor \(2\)" "${MPI[@]}" -np 3 "$BIN" --config "$CFG" --set parallel.tensor=2
 expect_error "world size 4 does not equal" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.tensor=2 --set parallel.data=1
 expect_error "num_layers.*pipeline|layers.*divisible" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.pipeline=4 --set model.num_layers=6
