@@ -2,6 +2,7 @@
 #include "model/ops/op_checks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace gpt::ops {
@@ -116,6 +117,21 @@ void check_row_vector(const OpChecks& c, const Tensor& t, int64_t rows, const ch
 void check_targets_shape(const OpChecks& c, const Tensor& targets, int64_t rows, const char* op) {
   c.require_dtype(targets, DType::I32, op, "targets");
   c.require_numel(targets, rows, op, "targets", "one target per logits row");
+}
+
+AdamWBiasCorrections check_adamw(const OpChecks& c, const Tensor& w, const Tensor& g, const Tensor& m,
+                                 const Tensor& v, float beta1, float beta2, int64_t step, const char* op) {
+  c.require_dtype(w, DType::F32, op, "w (fp32 master weights)");
+  c.require_dtype(g, DType::F32, op, "g");
+  c.require_dtype(m, DType::F32, op, "m");
+  c.require_dtype(v, DType::F32, op, "v");
+  const std::string wshape = "w's shape " + shape_str(w.shape());
+  c.require_numel(g, w.numel(), op, "g", wshape);
+  c.require_numel(m, w.numel(), op, "m", wshape);
+  c.require_numel(v, w.numel(), op, "v", wshape);
+  c.require(step >= 1, op, "step is 1-based, got " + std::to_string(step));
+  return {static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), step))),
+          static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), step)))};
 }
 
 }  // namespace gpt::ops

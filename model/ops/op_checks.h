@@ -69,4 +69,13 @@ VocabShard check_logits(const OpChecks& c, const Tensor& logits, int64_t vocab_s
 void check_row_vector(const OpChecks& c, const Tensor& t, int64_t rows, const char* op, const char* arg);
 void check_targets_shape(const OpChecks& c, const Tensor& targets, int64_t rows, const char* op);
 
+// adamw_step: fp32 master weights w, gradient g and moments m, v of one size, and a 1-based step. Returns
+// the bias corrections 1 / (1 - beta^step), computed in double (beta^step underflows gracefully and
+// 1 - beta^step keeps its precision).
+struct AdamWBiasCorrections {
+  float inv_bc1, inv_bc2;
+};
+AdamWBiasCorrections check_adamw(const OpChecks& c, const Tensor& w, const Tensor& g, const Tensor& m,
+                                 const Tensor& v, float beta1, float beta2, int64_t step, const char* op);
+
 }  // namespace gpt::ops

@@ -4,6 +4,7 @@
 // decay and the weight update in one pass over fp32 master weights).
 #include <cmath>
 
+#include "model/ops/adamw_update.h"
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -55,15 +56,7 @@ __global__ void scale_kernel(void* t, DType td, float alpha, int64_t n) {
 // AdamW on fp32 w, g, m, v (see Backend::adamw_step); inv_bc1/2 = 1 / (1 - beta^step).
 __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, float lr, float beta1, float beta2,
                              float eps, float weight_decay, float inv_bc1, float inv_bc2, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + (1.f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float update = (mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + weight_decay * w[i];
-    w[i] -= lr * update;
-  }
+  GRID_STRIDE(i, n) { ops::adamw_update(w[i], g[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2); }
 }
 
 void require_same_numel(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
@@ -134,24 +127,12 @@ void CudaBackend::scale(Tensor& t, float alpha) {
 
 void CudaBackend::adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
                              float eps, float weight_decay, int64_t step) {
-  const char* op = "adamw_step";
-  require_dtype(w, DType::F32, op, "w (fp32 master weights)");
-  require_dtype(g, DType::F32, op, "g");
-  require_dtype(m, DType::F32, op, "m");
-  require_dtype(v, DType::F32, op, "v");
-  const std::string wshape = "w's shape " + shape_str(w.shape());
-  require_numel(g, w.numel(), op, "g", wshape);
-  require_numel(m, w.numel(), op, "m", wshape);
-  require_numel(v, w.numel(), op, "v", wshape);
-  require(step >= 1, op, "step is 1-based, got " + std::to_string(step));
-  // Bias corrections in double, as the CPU backend computes them.
-  const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), step)));
-  const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), step)));
+  const ops::AdamWBiasCorrections bc = ops::check_adamw(kChecks, w, g, m, v, beta1, beta2, step, "adamw_step");
   const int64_t n = w.numel();
   if (n == 0) return;
   adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(w.f32(), g.f32(), m.f32(), v.f32(), lr, beta1, beta2,
-                                                                eps, weight_decay, inv_bc1, inv_bc2, n);
-  check_launch(op);
+                                                                eps, weight_decay, bc.inv_bc1, bc.inv_bc2, n);
+  check_launch("adamw_step");
 }
 
 }  // namespace gpt
