@@ -98,6 +98,16 @@ int64_t check_sequences(const OpChecks& c, const Tensor& act, int64_t T, int64_t
   return act.numel() / (T * C);
 }
 
+PositionDims check_positions(const OpChecks& c, const Tensor& table, int64_t T, const Tensor& act, const char* op,
+                             const char* table_arg, const char* act_arg) {
+  check_table(c, table, op, table_arg);
+  const int64_t C = table.dim(1);
+  c.require(T <= table.dim(0), op,
+            "sequence length " + std::to_string(T) + " exceeds the position table " + describe(table));
+  c.require_float(act, op, act_arg);
+  return {check_sequences(c, act, T, C, op, act_arg), C};
+}
+
 VocabShard check_logits(const OpChecks& c, const Tensor& logits, int64_t vocab_start, int64_t vocab_size,
                         const char* op) {
   c.require_float(logits, op, "logits");

@@ -56,6 +56,13 @@ void check_layernorm_backward(const OpChecks& c, const Tensor& dy, const Tensor&
 // embedding: a float [rows, C] table; an activation [B*T, C] that is whole sequences of T rows (B returned).
 void check_table(const OpChecks& c, const Tensor& table, const char* op, const char* arg);
 int64_t check_sequences(const OpChecks& c, const Tensor& act, int64_t T, int64_t C, const char* op, const char* arg);
+// add_positions and its backward: a position table [>= T, C] (`table_arg`) and a float activation of whole
+// sequences of T rows of width C (`act_arg`).
+struct PositionDims {
+  int64_t B, C;  // sequences, width
+};
+PositionDims check_positions(const OpChecks& c, const Tensor& table, int64_t T, const Tensor& act, const char* op,
+                             const char* table_arg, const char* act_arg);
 
 // cross-entropy: a logits shard [N, Vl] whose first `real` columns hold vocabulary entries.
 struct VocabShard {

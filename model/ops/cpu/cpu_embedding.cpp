@@ -86,12 +86,7 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64
 
 void CpuBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
   const char* op = "add_positions";
-  ops::check_table(kChecks, pos_table, op, "pos_table");
-  const int64_t C = pos_table.dim(1);
-  require(T <= pos_table.dim(0), op,
-          "sequence length " + std::to_string(T) + " exceeds the position table " + describe(pos_table));
-  require_float(out, op, "out");
-  const int64_t B = ops::check_sequences(kChecks, out, T, C, op, "out");
+  const auto [B, C] = ops::check_positions(kChecks, pos_table, T, out, op, "pos_table", "out");
   F32Input pf(pos_table, op, "pos_table");
   F32Output of(out, true, op, "out");
   const float* pp = pf.get();
@@ -108,11 +103,7 @@ void CpuBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) 
 
 void CpuBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
   const char* op = "add_positions_backward";
-  ops::check_table(kChecks, dpos, op, "dpos");
-  const int64_t C = dpos.dim(1);
-  require(T <= dpos.dim(0), op, "sequence length " + std::to_string(T) + " exceeds the position table " + describe(dpos));
-  require_float(dout, op, "dout");
-  const int64_t B = ops::check_sequences(kChecks, dout, T, C, op, "dout");
+  const auto [B, C] = ops::check_positions(kChecks, dpos, T, dout, op, "dpos", "dout");
   F32Input df(dout, op, "dout");
   F32Output pf(dpos, true, op, "dpos");
   const float* d = df.get();

@@ -102,12 +102,7 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int6
 
 void CudaBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
   const char* op = "add_positions";
-  ops::check_table(kChecks, pos_table, op, "pos_table");
-  const int64_t C = pos_table.dim(1);
-  require(T <= pos_table.dim(0), op,
-          "sequence length " + std::to_string(T) + " exceeds the position table " + describe(pos_table));
-  require_float(out, op, "out");
-  const int64_t B = ops::check_sequences(kChecks, out, T, C, op, "out");
+  const auto [B, C] = ops::check_positions(kChecks, pos_table, T, out, op, "pos_table", "out");
   if (B == 0) return;
   add_positions_kernel<<<grid_for(B * T * C, kThreads), kThreads, 0, stream_>>>(pos_table.raw(), pos_table.dtype(), T,
                                                                                 out.raw(), out.dtype(), B * T, C);
@@ -116,11 +111,7 @@ void CudaBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out)
 
 void CudaBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
   const char* op = "add_positions_backward";
-  ops::check_table(kChecks, dpos, op, "dpos");
-  const int64_t C = dpos.dim(1);
-  require(T <= dpos.dim(0), op, "sequence length " + std::to_string(T) + " exceeds the position table " + describe(dpos));
-  require_float(dout, op, "dout");
-  const int64_t B = ops::check_sequences(kChecks, dout, T, C, op, "dout");
+  const auto [B, C] = ops::check_positions(kChecks, dpos, T, dout, op, "dpos", "dout");
   add_positions_backward_kernel<<<grid_for(T * C, kThreads), kThreads, 0, stream_>>>(dout.raw(), dout.dtype(), B, T,
                                                                                      dpos.raw(), dpos.dtype(), C);
   check_launch(op);
