@@ -75,12 +75,23 @@ int set_threads(const Config& cfg, int ranks_on_host) {
 
 }  // namespace
 
+// The most passes (all ranks together) `gpt-train schedule` prints: about 100 MB of text.
+constexpr int64_t kMaxPrintedPasses = 20'000'000;
+
 int schedule_main(const ParsedArgs& args) {
   args.check_options({"pp", "vpp", "microbatches"});
   try {
     int p = static_cast<int>(args.get_int("pp", 1));
     int v = static_cast<int>(args.get_int("vpp", 1));
     int m = static_cast<int>(args.get_int("microbatches", 1));
+    validate_schedule_args(p, v, m);
+    // Every rank's table is printed and simulated: 2 p v m passes per rank, p ranks.
+    const double passes = 2.0 * p * p * v * m;
+    if (passes > kMaxPrintedPasses)
+      throw std::runtime_error("--pp " + std::to_string(p) + ", --vpp " + std::to_string(v) + " and --microbatches " +
+                               std::to_string(m) + " make " + std::to_string(static_cast<int64_t>(passes)) +
+                               " passes over all ranks, more than the " + std::to_string(kMaxPrintedPasses) +
+                               " this command prints");
     std::cout << format_schedule(p, v, m);
     return 0;
   } catch (const std::exception& e) {

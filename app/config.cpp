@@ -5,6 +5,7 @@
 // and every mismatch can be reported with the key, the expected type and the offending text.
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -375,6 +376,9 @@ Config load_config_string(const std::string& yaml, const std::string& source,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("config {}: is a directory, not a YAML file", path));
   std::ifstream file(path, std::ios::binary);
   if (!file) throw ConfigError(fmt::format("config {}: cannot open the file", path));
   std::stringstream text;
