@@ -4,8 +4,11 @@
 
 #include <mpi.h>
 #include <omp.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -21,6 +24,7 @@
 #include "model/ops/backend.h"
 #include "parallel/checkpoint_format.h"
 #include "parallel/communicator_factory.h"
+#include "parallel/memory_model.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
 
@@ -37,6 +41,43 @@ Config load_or_startup_error(const ParsedArgs& args) {
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }
+}
+
+// This host's memory and swap, in bytes (0 if unknown).
+double host_memory_bytes() {
+  struct sysinfo si {};
+  if (sysinfo(&si) != 0) return 0;
+  return (static_cast<double>(si.totalram) + static_cast<double>(si.totalswap)) * si.mem_unit;
+}
+
+// On the CPU backend the ranks of a host allocate from its memory. When the tensors the memory model
+// predicts (exact for this backend) already exceed the host's memory and swap, the run cannot get
+// through a step: refuse it before anything is allocated, with the numbers, instead of failing in an
+// allocation minutes later. Collective: every rank reaches the same verdict (the largest host share and
+// the smallest host).
+void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, int ranks_on_host) {
+  if (cfg.backend != "cpu") return;
+  MemoryEstimate e;
+  try {
+    e = estimate_peak_memory(model_dims_from_config(cfg), layout_spec_from_config(cfg, layout));
+  } catch (const std::exception&) {
+    return;  // a layout the memory model cannot describe is reported by the trainer itself
+  }
+  int share = std::max(ranks_on_host, 1);
+  double host = host_memory_bytes();
+  MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &host, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  const double per_rank = static_cast<double>(e.static_bytes()) + static_cast<double>(e.activations);
+  if (host <= 0 || (per_rank >= 0 && per_rank * share <= host)) return;
+  auto gib = [](double b) { return fmt::format("{:.4g} GiB", b / (1024.0 * 1024 * 1024)); };
+  throw StartupError(fmt::format(
+      "config {}: the predicted memory per rank, {} on pipeline stage {} (weights {}, grads {}, optimizer {}, "
+      "activations {} at micro_batch_size {} and seq_length {}), times {} rank(s) on one host is more than the "
+      "host's {} of memory and swap; reduce training.micro_batch_size, model.seq_length or the model, or spread "
+      "the ranks over more hosts",
+      cfg.source, per_rank < 0 ? std::string("beyond 8 EiB") : gib(per_rank), e.pp_rank, gib(e.weights),
+      gib(e.grads), gib(e.optimizer), gib(e.activations), cfg.training.micro_batch_size, cfg.model.seq_length, share,
+      gib(host)));
 }
 
 // Layout rules that need both the model and the world size; identical on every rank.
@@ -127,6 +168,7 @@ int run_distributed_command(const ParsedArgs& args) {
   install_mpi_error_handler(rank);  // an MPI error on the world communicator names this rank, then aborts
   LaunchInfo launch = reconcile_with_mpi(discover_launch_env());
   GridLayout layout = layout_or_startup_error(cfg, world);
+  refuse_impossible_host_memory(cfg, layout, launch.env.local_size);
   ParallelState ps = mpi_parallel_state(layout);
   const int threads = set_threads(cfg, launch.env.local_size);
   std::unique_ptr<Backend> backend;

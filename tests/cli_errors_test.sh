@@ -34,6 +34,7 @@ printf 'model:\n  num_layers: 2\n  bogus: 1\n' >"$TMP/bad.yaml"
 expect_error "bad.yaml.*unknown key 'model.bogus'" "$BIN" --config "$TMP/bad.yaml"
 expect_error "config $TMP: is a directory" "$BIN" config --config "$TMP"
 expect_error "passes over all ranks, more than" "$BIN" schedule --pp 100000 --microbatches 100000
+expect_error "predicted memory per rank, .* is more than the host's" "${MPI[@]}" -np 2 "$BIN" --config "$CFG" --set training.micro_batch_size=1000000000 --set training.global_batch_size=2000000000
 expect_error "unknown option --pipeline for 'schedule'" "$BIN" schedule --pipeline 2
 expect_error "unknown option --gpu for 'plan'" "$BIN" plan --config "$CFG" --gpu 8
 expect_error "unknown option --bogus for 'config'" "$BIN" config --config "$CFG" --bogus 1
