@@ -47,6 +47,7 @@ struct OptimizerConfig {
   double min_lr = 6e-5;
   int64_t warmup_iters = 10;
   int64_t decay_iters = 0;  // 0 = train_iters
+  std::string lr_decay_style = "cosine";  // cosine | linear | constant | inverse-square-root
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

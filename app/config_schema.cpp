@@ -45,9 +45,11 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(training, step_timeout_s, "abort the job (naming the rank) when one step takes longer; 0 = never"),
 
       GPT_KEY(optimizer, lr, "peak learning rate"),
-      GPT_KEY(optimizer, min_lr, "learning rate at the end of cosine decay"),
+      GPT_KEY(optimizer, min_lr, "learning rate at the end of the decay (the floor of inverse-square-root)"),
       GPT_KEY(optimizer, warmup_iters, "linear warm-up steps"),
-      GPT_KEY(optimizer, decay_iters, "steps of cosine decay; 0 = training.train_iters"),
+      GPT_KEY(optimizer, decay_iters, "iteration at which the decay reaches min_lr; 0 = training.train_iters"),
+      GPT_KEY(optimizer, lr_decay_style, "learning-rate decay after warm-up, as Megatron-LM's --lr-decay-style",
+              "cosine", "linear", "constant", "inverse-square-root"),
       GPT_KEY(optimizer, weight_decay, "AdamW decoupled weight decay"),
       GPT_KEY(optimizer, beta1, "AdamW first-moment decay"),
       GPT_KEY(optimizer, beta2, "AdamW second-moment decay"),

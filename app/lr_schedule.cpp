@@ -1,15 +1,30 @@
-// Warmup + cosine learning-rate schedule.
+// Warmup then cosine, linear, constant or inverse-square-root decay of the learning rate.
 #include "app/lr_schedule.h"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace gpt {
 
+LrDecayStyle parse_lr_decay_style(const std::string& name) {
+  if (name == "cosine") return LrDecayStyle::Cosine;
+  if (name == "linear") return LrDecayStyle::Linear;
+  if (name == "constant") return LrDecayStyle::Constant;
+  if (name == "inverse-square-root") return LrDecayStyle::InverseSquareRoot;
+  throw std::invalid_argument("optimizer.lr_decay_style: unknown style '" + name +
+                              "' (expected cosine, linear, constant or inverse-square-root)");
+}
+
 double LrSchedule::at(int64_t it) const {
   if (warmup_iters > 0 && it <= warmup_iters) return lr * double(it) / double(warmup_iters);
-  if (it >= decay_iters || decay_iters <= warmup_iters) return min_lr;
-  double progress = double(it - warmup_iters) / double(decay_iters - warmup_iters);
-  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  if (style == LrDecayStyle::Constant) return lr;
+  if (it > decay_iters) return min_lr;  // (and so whenever decay_iters <= warmup_iters)
+  if (style == LrDecayStyle::InverseSquareRoot)
+    return std::max(min_lr, lr * std::sqrt(double(std::max<int64_t>(warmup_iters, 1)) / double(std::max<int64_t>(it, 1))));
+  const double progress = double(it - warmup_iters) / double(decay_iters - warmup_iters);
+  const double coeff = style == LrDecayStyle::Linear ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
+  return min_lr + coeff * (lr - min_lr);
 }
 
 }  // namespace gpt

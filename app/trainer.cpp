@@ -67,7 +67,8 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
                                                        cfg.parallel.bucket_size_mb << 20);
   if (spec_.dtype == DType::F16) scaler_ = LossScaler::dynamic_fp16();
   lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
-                   cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters};
+                   cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters,
+                   parse_lr_decay_style(cfg.optimizer.lr_decay_style)};
   train_source_ = make_source("train");
   if (ps_.rank == 0 && !cfg.logging.metrics_file.empty())
     metrics_ = std::make_unique<MetricsWriter>(cfg.logging.metrics_file);

@@ -205,6 +205,7 @@ TEST(ConfigValidation, EveryRuleNamesItsKeysAndTheSource) {
       {{"optimizer.warmup_iters=-1"}, {"optimizer.warmup_iters", ">= 0"}},
       {{"optimizer.decay_iters=-1"}, {"optimizer.decay_iters"}},
       {{"optimizer.weight_decay=-0.1"}, {"optimizer.weight_decay"}},
+      {{"optimizer.lr_decay_style=step"}, {"optimizer.lr_decay_style", "inverse-square-root"}},
       {{"parallel.tensor=0"}, {"parallel.tensor", ">= 1"}},
       {{"parallel.pipeline=0"}, {"parallel.pipeline", ">= 1"}},
       {{"parallel.virtual_pipeline=0"}, {"parallel.virtual_pipeline", ">= 1"}},
