@@ -281,6 +281,8 @@ void validate_config(const Config& c) {
   at_least("training.train_iters", t.train_iters, 1);
   at_least("training.threads", t.threads, 0);
   non_negative("training.step_timeout_s", t.step_timeout_s);
+  non_negative("training.exit_duration_mins", t.exit_duration_mins);
+  at_least("training.exit_interval", t.exit_interval, 0);
 
   const OptimizerConfig& o = c.optimizer;
   non_negative("optimizer.lr", o.lr);

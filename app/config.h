@@ -40,6 +40,8 @@ struct TrainingConfig {
   std::string recompute = "none";  // none | selective | full
   int64_t threads = 0;             // 0 = OpenMP default
   double step_timeout_s = 600;     // watchdog: abort the job when one step takes longer; 0 = off
+  int64_t exit_interval = 0;       // stop, with a checkpoint, after an iteration divisible by this; 0 = off
+  double exit_duration_mins = 0;   // stop, with a checkpoint, after the first step that ends past this; 0 = off
 };
 
 struct OptimizerConfig {

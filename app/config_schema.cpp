@@ -43,6 +43,11 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(training, recompute, "activation recomputation", "none", "selective", "full"),
       GPT_KEY(training, threads, "CPU threads per rank; 0 = OpenMP default"),
       GPT_KEY(training, step_timeout_s, "abort the job (naming the rank) when one step takes longer; 0 = never"),
+      GPT_KEY(training, exit_interval,
+              "stop with a checkpoint after an iteration divisible by this (Megatron-LM's --exit-interval); 0 = never"),
+      GPT_KEY(training, exit_duration_mins,
+              "stop with a checkpoint after the first step that ends this many minutes after start-up "
+              "(Megatron-LM's --exit-duration-in-mins); 0 = never"),
 
       GPT_KEY(optimizer, lr, "peak learning rate"),
       GPT_KEY(optimizer, min_lr, "learning rate at the end of the decay (the floor of inverse-square-root)"),

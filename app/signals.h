@@ -30,6 +30,13 @@ void clear_stop_request();
 // Collective over `world`: the largest signal number any rank received (0 when none did), the same on
 // every rank, so all ranks leave the training loop after the same step.
 int agree_on_stop(Communicator& world);
+// The same collective, also agreeing whether any rank found its run time past the limit (`time_up` on
+// that rank; ranks' clocks differ slightly, so each decides alone and the world takes the maximum).
+struct StopAgreement {
+  int signal = 0;
+  bool time_up = false;
+};
+StopAgreement agree_on_stop(Communicator& world, bool time_up);
 
 // "SIGTERM", "SIGUSR1", ... or "signal N".
 std::string signal_name(int signo);

@@ -2,6 +2,7 @@
 // over the microbatches, gradient reduction, clipping, AdamW, logging.
 #include "app/trainer.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -149,12 +150,22 @@ std::vector<StepStats> Trainer::train() {
     int64_t comm_b0[3];
     for (int g = 0; g < 3; ++g) comm_s0[g] = groups[g]->seconds_spent(), comm_b0[g] = groups[g]->bytes_moved();
     StepStats s;
-    int stop_signal = 0;  // agreed over the world, so every rank leaves after the same step
+    StopAgreement stop;  // agreed over the world, so every rank leaves after the same step
     {
       WatchdogScope watch("iteration " + std::to_string(iteration_ + 1));
       s = step();
-      stop_signal = agree_on_stop(*ps_.world);
+      const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
+      const double limit = cfg_.training.exit_duration_mins;
+      stop = agree_on_stop(*ps_.world, limit > 0 && minutes > limit);
     }
+    // Why the loop ends early, if it does: a signal, the run-time limit, or the exit interval.
+    std::string stop_reason;
+    if (stop.signal) stop_reason = "stop requested (" + signal_name(stop.signal) + ")";
+    else if (stop.time_up)
+      stop_reason = fmt::format("training.exit_duration_mins ({}) reached", cfg_.training.exit_duration_mins);
+    else if (cfg_.training.exit_interval > 0 && s.iteration % cfg_.training.exit_interval == 0 &&
+             s.iteration < cfg_.training.train_iters)
+      stop_reason = fmt::format("training.exit_interval ({}) reached", cfg_.training.exit_interval);
     all.push_back(s);
     interval_.steps++;
     interval_.seconds += s.seconds;
@@ -166,17 +177,18 @@ std::vector<StepStats> Trainer::train() {
     }
     if (s.skipped && ps_.rank == 0)
       spdlog::warn("iteration {}: gradients overflowed (loss scale {}), step skipped", s.iteration, s.loss_scale);
-    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters || stop_signal)
+    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters || !stop_reason.empty())
       log_interval(s);
     if (cfg_.eval.interval > 0 && s.iteration % cfg_.eval.interval == 0) evaluate_and_log("valid", cfg_.eval.iters);
     if (cfg_.checkpoint.save_interval > 0 && s.iteration % cfg_.checkpoint.save_interval == 0) {
       save_checkpoint();
       saved_at = s.iteration;
     }
-    if (stop_signal) {  // SIGTERM / SIGUSR1 on some rank: checkpoint below and return
+    if (!stop_reason.empty()) {  // checkpoint below and return
       if (ps_.rank == 0)
-        spdlog::warn("stop requested ({}): stopping after iteration {}{}", signal_name(stop_signal), s.iteration,
-                     cfg_.checkpoint.dir.empty() ? " without a checkpoint (checkpoint.dir is empty)" : "");
+        spdlog::log(stop.signal ? spdlog::level::warn : spdlog::level::info, "{}: stopping after iteration {}{}",
+                    stop_reason, s.iteration,
+                    cfg_.checkpoint.dir.empty() ? " without a checkpoint (checkpoint.dir is empty)" : "");
       break;
     }
   }

@@ -3,6 +3,7 @@
 // data parallel), unscales and clips by the global norm, skips steps whose gradients overflowed, steps
 // AdamW, evaluates at eval.interval, and logs Megatron-style lines plus the JSON metrics file.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,7 @@ class Trainer {
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;
   bool resume_attempted_ = false;  // train() auto-resumes once, unless resume() was called already
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for exit_duration_mins
   std::unique_ptr<MetricsWriter> metrics_;
   // Since the last log line: steps, seconds, loss sum, skipped steps, communication seconds and bytes.
   struct Interval {

@@ -202,6 +202,41 @@ TEST(CheckpointResume, Fp16LossScalerStateIsRestored) {
   EXPECT_LT(after.skipped, int64_t(after.losses.size()));
 }
 
+// training.exit_interval and training.exit_duration_mins (Megatron-LM's --exit-interval and
+// --exit-duration-in-mins) end a run early with a checkpoint of its last step; the next run resumes
+// from it, and the steps match an uninterrupted run bit for bit.
+TEST(CheckpointResume, ExitIntervalStopsWithACheckpointAndTheNextRunContinues) {
+  Config cfg = small_config();
+  cfg.training.train_iters = cfg.optimizer.decay_iters = 20;
+  ParallelState ps = single_process_state();
+  Config straight = cfg;
+  straight.training.train_iters = 6;  // the same schedule (decay_iters 20), first 6 steps
+  const RunRecord reference = train_run(straight, ps);
+  const TempDir tmp("exit_interval");
+  cfg.checkpoint.dir = tmp.path;
+  cfg.training.exit_interval = 3;
+  const RunRecord a = train_run(cfg, ps);
+  ASSERT_EQ(a.losses.size(), 3u);
+  EXPECT_TRUE(fs::exists(tmp.path + "/" + iteration_dir_name(3) + "/metadata.yaml"));
+  const RunRecord b = train_run(cfg, ps);  // resumes at 3, stops after 6
+  ASSERT_EQ(b.losses.size(), 3u);
+  EXPECT_TRUE(fs::exists(tmp.path + "/" + iteration_dir_name(6) + "/metadata.yaml"));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(i < 3 ? a.losses[i] : b.losses[i - 3], reference.losses[i]) << "step " << i + 1;
+}
+
+TEST(CheckpointResume, ExitDurationStopsAfterTheFirstStepPastTheLimit) {
+  Config cfg = small_config();
+  cfg.training.train_iters = 20;
+  const TempDir tmp("exit_duration");
+  cfg.checkpoint.dir = tmp.path;
+  cfg.training.exit_duration_mins = 1e-9;  // past after the first step
+  ParallelState ps = single_process_state();
+  EXPECT_EQ(train_run(cfg, ps).losses.size(), 1u);
+  EXPECT_TRUE(fs::exists(tmp.path + "/" + iteration_dir_name(1) + "/metadata.yaml"));
+  cfg.training.exit_duration_mins = 0;  // off: the rest of the run
+  EXPECT_EQ(train_run(cfg, ps).losses.size(), 19u);
+}
+
 TEST(CheckpointResume, KeepLastPrunesOldOnesButNeverTheLatest) {
   Config cfg = small_config();
   cfg.training.train_iters = 5;

@@ -206,6 +206,8 @@ TEST(ConfigValidation, EveryRuleNamesItsKeysAndTheSource) {
       {{"optimizer.decay_iters=-1"}, {"optimizer.decay_iters"}},
       {{"optimizer.weight_decay=-0.1"}, {"optimizer.weight_decay"}},
       {{"optimizer.lr_decay_style=step"}, {"optimizer.lr_decay_style", "inverse-square-root"}},
+      {{"training.exit_interval=-1"}, {"training.exit_interval", ">= 0"}},
+      {{"training.exit_duration_mins=-5"}, {"training.exit_duration_mins"}},
       {{"parallel.tensor=0"}, {"parallel.tensor", ">= 1"}},
       {{"parallel.pipeline=0"}, {"parallel.pipeline", ">= 1"}},
       {{"parallel.virtual_pipeline=0"}, {"parallel.virtual_pipeline", ">= 1"}},
