@@ -305,6 +305,8 @@ void validate_config(const Config& c) {
 
   at_least("checkpoint.save_interval", c.checkpoint.save_interval, 0);
   at_least("checkpoint.keep_last", c.checkpoint.keep_last, 0);
+  require(!c.checkpoint.finetune || !c.checkpoint.load.empty(),
+          "checkpoint.finetune is true but checkpoint.load is empty: name the checkpoint to fine-tune from");
   require(c.checkpoint.save_interval == 0 || !c.checkpoint.dir.empty(),
           fmt::format("checkpoint.save_interval is {} but checkpoint.dir is empty", c.checkpoint.save_interval));
   at_least("eval.interval", c.eval.interval, 0);

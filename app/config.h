@@ -74,6 +74,7 @@ struct CheckpointConfig {
   int64_t save_interval = 0;
   int64_t keep_last = 2;
   std::string load;
+  bool finetune = false;  // take only the weights from `load`: iteration 0, fresh optimizer state
 };
 
 struct EvalConfig {

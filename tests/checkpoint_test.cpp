@@ -237,6 +237,44 @@ TEST(CheckpointResume, ExitDurationStopsAfterTheFirstStepPastTheLimit) {
   EXPECT_EQ(train_run(cfg, ps).losses.size(), 19u);
 }
 
+// checkpoint.finetune (Megatron-LM's --finetune): the weights of checkpoint.load, and nothing else of its
+// state: iteration 0, zero Adam moments and step count; a restart then resumes the run's own checkpoint.
+TEST(CheckpointResume, FinetuneTakesTheWeightsOnly) {
+  const TempDir pre("finetune_from"), own("finetune_dir");
+  Config cfg = small_config();
+  cfg.precision.dtype = "bf16";  // bf16 weights with fp32 master copies
+  cfg.training.train_iters = 5;
+  cfg.checkpoint.dir = pre.path;
+  ParallelState ps = single_process_state();
+  const RunRecord pretrained = train_run(cfg, ps, true);
+
+  Config ft = cfg;
+  ft.checkpoint.dir = own.path;
+  ft.checkpoint.load = pre.path;
+  ft.checkpoint.finetune = true;
+  ft.optimizer.lr = 1e-4;
+  ft.training.train_iters = 3;
+  {
+    auto be = make_backend("cpu");
+    Trainer t(ft, ps, *be);
+    ASSERT_TRUE(t.resume());
+    EXPECT_EQ(t.iteration(), 0);
+    EXPECT_EQ(t.consumed_samples(), 0);
+    EXPECT_EQ(t.optimizer().adam().steps_taken(), 0);
+    for (OptimizerSegment& seg : t.optimizer().adam().segments())
+      for (const Tensor* state : {&seg.m, &seg.v}) {
+        const float* x = state->f32();
+        for (int64_t i = 0; i < state->numel(); ++i) ASSERT_EQ(x[i], 0.f) << seg.param->name;
+      }
+    const auto loaded = t.gather_global_params();
+    ASSERT_EQ(loaded.size(), pretrained.weights.size());
+    for (size_t i = 0; i < loaded.size(); ++i) EXPECT_EQ(loaded[i], pretrained.weights[i]) << loaded[i].first;
+  }
+  EXPECT_EQ(train_run(ft, ps).losses.size(), 3u);  // iterations 1-3 of the fine-tuning run
+  ft.training.train_iters = 5;
+  EXPECT_EQ(train_run(ft, ps).losses.size(), 2u);  // restart: resumes its own checkpoint at 3, not the load
+}
+
 TEST(CheckpointResume, KeepLastPrunesOldOnesButNeverTheLatest) {
   Config cfg = small_config();
   cfg.training.train_iters = 5;

@@ -207,6 +207,7 @@ TEST(ConfigValidation, EveryRuleNamesItsKeysAndTheSource) {
       {{"optimizer.weight_decay=-0.1"}, {"optimizer.weight_decay"}},
       {{"optimizer.lr_decay_style=step"}, {"optimizer.lr_decay_style", "inverse-square-root"}},
       {{"training.exit_interval=-1"}, {"training.exit_interval", ">= 0"}},
+      {{"checkpoint.finetune=true"}, {"checkpoint.finetune", "checkpoint.load is empty"}},
       {{"training.exit_duration_mins=-5"}, {"training.exit_duration_mins"}},
       {{"parallel.tensor=0"}, {"parallel.tensor", ">= 1"}},
       {{"parallel.pipeline=0"}, {"parallel.pipeline", ">= 1"}},
