@@ -50,7 +50,7 @@ std::string unknown_subcommand_message(const std::string& name) {
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> list = {
       {"train", "train a model from a config (the default when the first argument is an option)"},
-      {"eval", "evaluate a model or a checkpoint (--load DIR) on the validation data"},
+      {"eval", "evaluate a checkpoint (--load DIR; its own config unless --config) on the validation data"},
       {"prep", "tokenize text files into HDF5 token shards"},
       {"schedule", "print the pipeline schedule table for given pipeline, virtual and microbatch sizes"},
       {"config", "load and validate a config; --dump prints every key with its value"},

@@ -34,8 +34,35 @@ namespace gpt {
 
 namespace {
 
+// eval --load DIR without --config: the config the checkpoint was saved with (metadata.yaml keeps the
+// saving run's whole config: model, tokenizer, data), on a layout that fits any world size (tensor,
+// pipeline and virtual pipeline 1, data parallel over every rank, no checkpoint saving), with the
+// command line's --set applied last. The same on every rank.
+Config config_from_checkpoint(const ParsedArgs& args) {
+  const std::string path = args.get("load");
+  try {
+    const std::string dir = resolve_checkpoint(path);
+    if (dir.empty()) throw StartupError("checkpoint " + path + ": nothing to load (no metadata.yaml and no latest pointer)");
+    const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(dir + "/" + kMetadataFile), dir);
+    std::vector<std::string> sets = {"parallel.tensor=1",          "parallel.pipeline=1",
+                                     "parallel.virtual_pipeline=1", "parallel.data=0",
+                                     "parallel.sequence_parallel=false", "parallel.distributed_optimizer=false",
+                                     "checkpoint.dir=",            "checkpoint.save_interval=0",
+                                     "checkpoint.finetune=false"};
+    sets.insert(sets.end(), args.sets.begin(), args.sets.end());
+    return load_config_string(meta.config_yaml, "checkpoint " + dir + "/" + kMetadataFile, sets);
+  } catch (const StartupError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw StartupError(e.what());
+  }
+}
+
 Config load_or_startup_error(const ParsedArgs& args) {
-  if (args.config.empty()) throw StartupError("--config FILE is required for '" + args.command + "'");
+  if (args.config.empty() && args.command == "eval" && args.has("load")) return config_from_checkpoint(args);
+  if (args.config.empty())
+    throw StartupError("--config FILE is required for '" + args.command + "'" +
+                       (args.command == "eval" ? " (or --load DIR, to use the checkpoint's own config)" : ""));
   try {
     return load_config(args.config, args.sets);
   } catch (const std::exception& e) {
