@@ -46,6 +46,13 @@ bool run_tables(int p, int v, const std::vector<PipelineSchedule>& tables, bool 
   release.assign(p, {});
   for (int r = 0; r < p; ++r) release[r].assign(tables[r].actions.size(), -1);
 
+  // The transfer's tag, checked to lie within the tables' microbatches and virtual stages.
+  auto tag = [&](PassKind kind, int stage, int microbatch, int r, int k) {
+    if (stage < 0 || stage >= stages || microbatch < 0)
+      throw std::invalid_argument(where(r, k) + ": virtual stage " + std::to_string(stage) + " or microbatch " +
+                                  std::to_string(microbatch) + " is out of range");
+    return transfer_tag(kind, stage, microbatch, stages);
+  };
   auto merge = [&](int r, const std::vector<int>& other) {
     for (int q = 0; q < p; ++q) clock[r][q] = std::max(clock[r][q], other[q]);
   };
@@ -57,7 +64,7 @@ bool run_tables(int p, int v, const std::vector<PipelineSchedule>& tables, bool 
         const int k = static_cast<int>(next[r]);
         const PipelineAction& a = actions[k];
         // First the receive, which the executor posts (and completes) before anything else of the action.
-        const int in = a.recv ? transfer_tag(a.kind, a.virtual_stage, a.microbatch, stages) : -1;
+        const int in = a.recv ? tag(a.kind, a.virtual_stage, a.microbatch, r, k) : -1;
         if (in >= 0 && received_at[in] != k) {
           if (!sent[in]) break;  // the sender has not reached it yet
           if (received_at[in] >= 0) throw std::invalid_argument(where(r, k) + ": transfer received twice");
@@ -91,7 +98,7 @@ bool run_tables(int p, int v, const std::vector<PipelineSchedule>& tables, bool 
         }
         if (a.send) {
           if (a.send->rank < 0 || a.send->rank >= p) throw std::invalid_argument(where(r, k) + ": peer out of range");
-          const int out = transfer_tag(a.kind, a.send->virtual_stage, a.microbatch, stages);
+          const int out = tag(a.kind, a.send->virtual_stage, a.microbatch, r, k);
           if (sent[out]) throw std::invalid_argument(where(r, k) + ": transfer sent twice");
           sent[out] = 1;
           clock_of[out] = clock[r];

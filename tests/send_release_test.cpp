@@ -164,4 +164,7 @@ TEST(SendRelease, RejectsTablesThatCannotRun) {
   tables = step_tables(2, 1, 2, false);
   tables[1].actions.push_back(tables[1].actions[0]);  // the same activation received twice
   EXPECT_THROW(send_release_points(2, 1, tables), std::invalid_argument);
+  tables = step_tables(2, 1, 2, false);
+  tables[0].actions[0].send->virtual_stage = 7;  // a stage the pipeline does not have
+  EXPECT_THROW(send_release_points(2, 1, tables), std::invalid_argument);
 }
