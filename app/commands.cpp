@@ -80,21 +80,32 @@ double host_memory_bytes() {
 // On the CPU backend the ranks of a host allocate from its memory. When the tensors the memory model
 // predicts (exact for this backend) already exceed the host's memory and swap, the run cannot get
 // through a step: refuse it before anything is allocated, with the numbers, instead of failing in an
-// allocation minutes later. Collective: every rank reaches the same verdict (the largest host share and
+// allocation minutes later. `eval` keeps no activations for a backward pass: there the activations
+// counted are only the largest single tensor of a forward pass (the fp32 logits of a microbatch, or its
+// attention probabilities). Collective: every rank reaches the same verdict (the largest host share and
 // the smallest host).
-void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, int ranks_on_host) {
+void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, int ranks_on_host,
+                                   bool training) {
   if (cfg.backend != "cpu") return;
   MemoryEstimate e;
+  const ModelDims dims = model_dims_from_config(cfg);
   try {
-    e = estimate_peak_memory(model_dims_from_config(cfg), layout_spec_from_config(cfg, layout));
+    e = estimate_peak_memory(dims, layout_spec_from_config(cfg, layout));
   } catch (const std::exception&) {
     return;  // a layout the memory model cannot describe is reported by the trainer itself
+  }
+  double activations = static_cast<double>(e.activations);
+  if (!training) {
+    const double b = static_cast<double>(cfg.training.micro_batch_size), s = static_cast<double>(dims.seq_length);
+    const int t = layout.tp();
+    activations = std::max(4 * b * s * static_cast<double>(dims.padded_vocab(t) / t),
+                           4 * b * static_cast<double>(dims.heads / t) * s * s);
   }
   int share = std::max(ranks_on_host, 1);
   double host = host_memory_bytes();
   MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, &host, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-  const double per_rank = static_cast<double>(e.static_bytes()) + static_cast<double>(e.activations);
+  const double per_rank = static_cast<double>(e.static_bytes()) + activations;
   if (host <= 0 || (per_rank >= 0 && per_rank * share <= host)) return;
   auto gib = [](double b) { return fmt::format("{:.4g} GiB", b / (1024.0 * 1024 * 1024)); };
   throw StartupError(fmt::format(
@@ -103,7 +114,7 @@ void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, 
       "host's {} of memory and swap; reduce training.micro_batch_size, model.seq_length or the model, or spread "
       "the ranks over more hosts",
       cfg.source, per_rank < 0 ? std::string("beyond 8 EiB") : gib(per_rank), e.pp_rank, gib(e.weights),
-      gib(e.grads), gib(e.optimizer), gib(e.activations), cfg.training.micro_batch_size, cfg.model.seq_length, share,
+      gib(e.grads), gib(e.optimizer), gib(activations), cfg.training.micro_batch_size, cfg.model.seq_length, share,
       gib(host)));
 }
 
@@ -195,7 +206,7 @@ int run_distributed_command(const ParsedArgs& args) {
   install_mpi_error_handler(rank);  // an MPI error on the world communicator names this rank, then aborts
   LaunchInfo launch = reconcile_with_mpi(discover_launch_env());
   GridLayout layout = layout_or_startup_error(cfg, world);
-  refuse_impossible_host_memory(cfg, layout, launch.env.local_size);
+  refuse_impossible_host_memory(cfg, layout, launch.env.local_size, args.command == "train");
   ParallelState ps = mpi_parallel_state(layout);
   const int threads = set_threads(cfg, launch.env.local_size);
   std::unique_ptr<Backend> backend;

@@ -2,7 +2,8 @@
 # End-to-end `gpt-train eval`: a checkpoint trained with tensor parallelism 2 on 2 ranks is evaluated with
 # its training config, with no config at all (the checkpoint's own, from its metadata.yaml), and with no
 # config on 2 data-parallel ranks; all three report the same validation loss. Without --config or --load,
-# or with a --load that holds nothing, eval stops with a message. Usage: eval_cli_test.sh GPT_TRAIN SRC_DIR
+# or with a --load that holds nothing, or with a microbatch whose logits alone exceed the host's memory,
+# eval stops with a message. Usage: eval_cli_test.sh GPT_TRAIN SRC_DIR
 set -u
 BIN=$1
 SRC=$2
@@ -49,4 +50,6 @@ expect_error() {  # expect_error "<grep pattern>" command...
 }
 expect_error "--config FILE is required for 'eval' \(or --load DIR" "$BIN" eval
 expect_error "checkpoint $TMP/none: nothing to load" "$BIN" eval --load "$TMP/none"
+expect_error "predicted memory per rank, .* is more than the host's" "$BIN" eval --config "$CFG" \
+  --set training.micro_batch_size=1000000000 --set training.global_batch_size=1000000000
 exit $fail
