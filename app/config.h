@@ -75,6 +75,7 @@ struct CheckpointConfig {
   int64_t keep_last = 2;
   std::string load;
   bool finetune = false;  // take only the weights from `load`: iteration 0, fresh optimizer state
+  bool save_optimizer = true;  // false: save weights (and fp32 masters) only, no Adam moments
 };
 
 struct EvalConfig {

@@ -73,6 +73,9 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(checkpoint, save_interval, "save every this many steps; 0 = no periodic saves"),
       GPT_KEY(checkpoint, keep_last, "saved iterations to keep; 0 = keep all"),
       GPT_KEY(checkpoint, load, "checkpoint directory to resume from; empty = start fresh"),
+      GPT_KEY(checkpoint, save_optimizer,
+              "save the Adam moments; false = weights and fp32 master weights only, a third of the size, for "
+              "release or evaluation (Megatron-LM's --no-save-optim); resuming such a checkpoint restarts the moments"),
       GPT_KEY(checkpoint, finetune,
               "take only the weights from checkpoint.load and start at iteration 0 with fresh optimizer state, "
               "loss scale and data order (Megatron-LM's --finetune); a restart resumes checkpoint.dir as usual"),

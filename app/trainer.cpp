@@ -144,6 +144,10 @@ std::vector<StepStats> Trainer::train() {
   std::vector<StepStats> all;
   Communicator* groups[3] = {ps_.tp.get(), ps_.pp.get(), ps_.dp.get()};
   if (!resume_attempted_ && (!cfg_.checkpoint.load.empty() || !cfg_.checkpoint.dir.empty())) resume();
+  if (!resumed_without_moments_.empty() && ps_.rank == 0)
+    spdlog::warn("checkpoint {} holds no optimizer state (saved with checkpoint.save_optimizer false, or imported): "
+                 "the Adam moments restart from zero at iteration {}",
+                 resumed_without_moments_, iteration_);
   int64_t saved_at = -1;
   while (iteration_ < cfg_.training.train_iters) {
     double comm_s0[3];

@@ -78,6 +78,7 @@ class Trainer {
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;
   bool resume_attempted_ = false;  // train() auto-resumes once, unless resume() was called already
+  std::string resumed_without_moments_;  // the checkpoint loaded, when it held no Adam moments
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for exit_duration_mins
   std::unique_ptr<MetricsWriter> metrics_;
   // Since the last log line: steps, seconds, loss sum, skipped steps, communication seconds and bytes.

@@ -26,6 +26,7 @@ CheckpointModel checkpoint_model(Trainer& t) {
   m.vocab_size = t.spec().vocab_size;
   m.padded_vocab = t.spec().padded_vocab;
   m.config_yaml = dump_config(t.config());
+  m.save_optimizer_state = t.config().checkpoint.save_optimizer;
   // Every global tensor with its global shape: a full single-rank description (no memory is allocated).
   ModelSpec full = t.spec();
   full.tp_size = 1;
@@ -83,6 +84,7 @@ bool Trainer::resume() {
     return true;
   }
   const CheckpointMeta& meta = r->meta;
+  if (!meta.has_optimizer_state) resumed_without_moments_ = r->path;
   set_progress(meta.iteration, meta.consumed_samples);
   optimizer_->adam().set_steps_taken(meta.optimizer_steps);
   // The scaler state belongs to fp16's dynamic scaler; other dtypes keep their constant scale.

@@ -96,6 +96,7 @@ StoredFile write_rank_file(const std::string& path, const CheckpointModel& m, in
     auto [begin, end] = segment_range(s);
     put("model", p, begin, end, s.value);
     if (s.master.raw() != s.value.raw()) put("master", p, begin, end, s.master);
+    if (!m.save_optimizer_state) continue;
     put("adam_m", p, begin, end, s.m);
     put("adam_v", p, begin, end, s.v);
   }
@@ -214,6 +215,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
       meta.padded_vocab = m.padded_vocab;
       meta.tensors = m.global_shapes;
       meta.config_yaml = m.config_yaml;
+      meta.has_optimizer_state = m.save_optimizer_state;
       for (size_t r = 0; r < entries.size(); ++r) {
         if (entries[r].empty()) continue;
         meta.files.push_back(stored_file_from_yaml(entries[r], fmt::format("index entry of rank {}", r)));
