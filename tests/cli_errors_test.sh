@@ -1,31 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end start-up errors of the gpt-train binary: each bad input must exit non-zero, quickly, with a
 # message naming the key, file or rule — never a crash or a hang. Usage: cli_errors_test.sh GPT_TRAIN SRC_DIR
-set -u
-BIN=$1
-SRC=$2
-CFG=$SRC/configs/tiny-cpu.yaml
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fail=0
+source "$(dirname "$0")/cli_test_lib.sh"
 
-expect_error() {  # expect_error "<grep pattern>" command...
-  local pattern=$1
-  shift
-  local out rc
-  out=$(timeout 60 "$@" 2>&1)
-  rc=$?
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $rc -ge 128 ] || ! grep -qE "$pattern" <<<"$out"; then
-    echo "FAIL (rc=$rc): $*"
-    echo "  expected /$pattern/, got:"
-    sed 's/^/    /' <<<"$out" | tail -5
-    fail=1
-  else
-    echo "ok: $pattern"
-  fi
-}
-
-MPI=(mpirun --oversubscribe --bind-to none)
 expect_error "unknown key 'model.hiden_size'" "$BIN" --config "$CFG" --set model.hiden_size=3
 expect_error "model.hidden_size.*num_heads|num_heads.*hidden_size" "$BIN" --config "$CFG" --set model.num_heads=5
 expect_error "expects int" "$BIN" --config "$CFG" --set model.num_layers=abc

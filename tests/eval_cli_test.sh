@@ -4,14 +4,7 @@
 # config on 2 data-parallel ranks; all three report the same validation loss. Without --config or --load,
 # or with a --load that holds nothing, or with a microbatch whose logits alone exceed the host's memory,
 # eval stops with a message. Usage: eval_cli_test.sh GPT_TRAIN SRC_DIR
-set -u
-BIN=$1
-SRC=$2
-CFG=$SRC/configs/tiny-cpu.yaml
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-MPI=(mpirun --oversubscribe --bind-to none)
-fail=0
+source "$(dirname "$0")/cli_test_lib.sh"
 
 if ! timeout 120 "${MPI[@]}" -np 2 "$BIN" --config "$CFG" --set parallel.tensor=2 --set training.train_iters=3 \
     --set checkpoint.dir="$TMP/ckpt" >"$TMP/train.log" 2>&1; then
@@ -37,17 +30,6 @@ for log in no_config no_config_dp2; do
   fi
 done
 
-expect_error() {  # expect_error "<grep pattern>" command...
-  local pattern=$1 out rc
-  shift
-  out=$(timeout 60 "$@" 2>&1)
-  rc=$?
-  if [ $rc -eq 0 ] || [ $rc -ge 124 ] || ! grep -qE -e "$pattern" <<<"$out"; then
-    echo "FAIL (rc=$rc): $*"; sed 's/^/    /' <<<"$out" | tail -5; fail=1
-  else
-    echo "ok: $pattern"
-  fi
-}
 expect_error "--config FILE is required for 'eval' \(or --load DIR" "$BIN" eval
 expect_error "checkpoint $TMP/none: nothing to load" "$BIN" eval --load "$TMP/none"
 expect_error "predicted memory per rank, .* is more than the host's" "$BIN" eval --config "$CFG" \
