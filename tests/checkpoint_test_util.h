@@ -40,6 +40,13 @@ inline Config tiny_config() {
   return cfg;
 }
 
+// Two layers are enough on one process (the 8-layer tiny config is for pipeline 4 x virtual 2).
+inline Config small_config() {
+  Config cfg = tiny_config();
+  cfg.model.num_layers = 2;
+  return cfg;
+}
+
 inline std::string make_temp_dir(const std::string& tag) {
   const char* base = std::getenv("TMPDIR");
   std::string templ = std::string(base && *base ? base : "/tmp") + "/gpt_ckpt_" + tag + "_XXXXXX";
