@@ -42,7 +42,8 @@ Config config_from_checkpoint(const ParsedArgs& args) {
   const std::string path = args.get("load");
   try {
     const std::string dir = resolve_checkpoint(path);
-    if (dir.empty()) throw StartupError("checkpoint " + path + ": nothing to load (no metadata.yaml and no latest pointer)");
+    if (dir.empty())
+      throw std::runtime_error("checkpoint " + path + ": nothing to load (no metadata.yaml and no latest pointer)");
     const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(dir + "/" + kMetadataFile), dir);
     std::vector<std::string> sets = {"parallel.tensor=1",          "parallel.pipeline=1",
                                      "parallel.virtual_pipeline=1", "parallel.data=0",
@@ -51,8 +52,6 @@ Config config_from_checkpoint(const ParsedArgs& args) {
                                      "checkpoint.finetune=false"};
     sets.insert(sets.end(), args.sets.begin(), args.sets.end());
     return load_config_string(meta.config_yaml, "checkpoint " + dir + "/" + kMetadataFile, sets);
-  } catch (const StartupError&) {
-    throw;
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }
@@ -88,18 +87,14 @@ void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, 
                                    bool training) {
   if (cfg.backend != "cpu") return;
   MemoryEstimate e;
-  const ModelDims dims = model_dims_from_config(cfg);
+  double activations = 0;
   try {
-    e = estimate_peak_memory(dims, layout_spec_from_config(cfg, layout));
+    const ModelDims dims = model_dims_from_config(cfg);
+    const LayoutSpec spec = layout_spec_from_config(cfg, layout);
+    e = estimate_peak_memory(dims, spec);
+    activations = static_cast<double>(training ? e.activations : largest_forward_tensor(dims, spec));
   } catch (const std::exception&) {
     return;  // a layout the memory model cannot describe is reported by the trainer itself
-  }
-  double activations = static_cast<double>(e.activations);
-  if (!training) {
-    const double b = static_cast<double>(cfg.training.micro_batch_size), s = static_cast<double>(dims.seq_length);
-    const int t = layout.tp();
-    activations = std::max(4 * b * s * static_cast<double>(dims.padded_vocab(t) / t),
-                           4 * b * static_cast<double>(dims.heads / t) * s * s);
   }
   int share = std::max(ranks_on_host, 1);
   double host = host_memory_bytes();

@@ -130,8 +130,6 @@ void request_stop(int signo) {
 
 void clear_stop_request() { g_stop_signal.store(0); }
 
-int agree_on_stop(Communicator& world) { return agree_on_stop(world, false).signal; }
-
 StopAgreement agree_on_stop(Communicator& world, bool time_up) {
   double v[2] = {static_cast<double>(stop_signal_received()), time_up ? 1.0 : 0.0};
   world.all_reduce_host(v, 2, ReduceOp::Max);

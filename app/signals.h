@@ -27,11 +27,9 @@ void request_stop(int signo);
 // Clears the flag (tests).
 void clear_stop_request();
 
-// Collective over `world`: the largest signal number any rank received (0 when none did), the same on
-// every rank, so all ranks leave the training loop after the same step.
-int agree_on_stop(Communicator& world);
-// The same collective, also agreeing whether any rank found its run time past the limit (`time_up` on
-// that rank; ranks' clocks differ slightly, so each decides alone and the world takes the maximum).
+// Collective over `world`, the same on every rank, so all ranks leave the training loop after the same
+// step: the largest signal number any rank received (0 when none did), and whether any rank found its run
+// time past the limit (`time_up` on that rank; ranks' clocks differ slightly, so each decides alone).
 struct StopAgreement {
   int signal = 0;
   bool time_up = false;

@@ -63,18 +63,17 @@ bool Trainer::resume() {
   if (r && !cfg_.checkpoint.load.empty() && ps_.rank == 0)
     spdlog::info("checkpoint.dir {} has a checkpoint: resuming it rather than checkpoint.load {}",
                  cfg_.checkpoint.dir, cfg_.checkpoint.load);
-  bool finetune = false;
+  const bool finetune = !r && cfg_.checkpoint.finetune;
   if (!r && !cfg_.checkpoint.load.empty()) {
+    model.load_optimizer_state = !finetune;  // fine-tuning: the moments start at zero
     r = load_distributed_checkpoint(cfg_.checkpoint.load, true, model);
-    finetune = cfg_.checkpoint.finetune;
   }
   if (!r) {
     if (ps_.rank == 0) spdlog::info("no checkpoint in {}: starting from iteration 0", cfg_.checkpoint.dir);
     return false;
   }
   if (finetune) {
-    // The weights (and, for 16-bit compute, their fp32 masters) stay; everything else starts afresh.
-    for (OptimizerSegment& s : optimizer_->adam().segments()) backend_.fill(s.m, 0.f), backend_.fill(s.v, 0.f);
+    // The weights (and, for 16-bit compute, their fp32 masters) are loaded; the rest starts afresh.
     optimizer_->adam().set_steps_taken(0);
     set_progress(0, 0);
     if (ps_.rank == 0)

@@ -153,7 +153,7 @@ void load_tensors(const std::string& dir, const CheckpointMeta& meta, const Chec
   for (OptimizerSegment& s : m.optimizer->adam().segments()) {
     auto [begin, end] = segment_range(s);
     if (s.master.raw() != s.value.raw()) load(master_kind, *s.param, begin, end, s.master, false);
-    if (meta.has_optimizer_state) {
+    if (meta.has_optimizer_state && m.load_optimizer_state) {
       load("adam_m", *s.param, begin, end, s.m, true);
       load("adam_v", *s.param, begin, end, s.v, true);
     } else {

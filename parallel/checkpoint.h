@@ -41,6 +41,9 @@ struct CheckpointModel {
   // (and fp32 master weights) only: a third of the bytes, for release or evaluation; a run resumed from it
   // starts its moments at zero.
   bool save_optimizer_state = true;
+  // Load the Adam moments, when the checkpoint has them (false: checkpoint.finetune); otherwise they start
+  // at zero.
+  bool load_optimizer_state = true;
 };
 
 // Scalars that travel with the tensors.

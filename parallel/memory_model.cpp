@@ -334,6 +334,11 @@ MemoryEstimate estimate_peak_memory(const ModelDims& m, const LayoutSpec& l, Sen
   return best;
 }
 
+int64_t largest_forward_tensor(const ModelDims& m, const LayoutSpec& l) {
+  const TensorSizes s = tensor_sizes(m, l);
+  return std::max(s.logits, s.probs);
+}
+
 ModelDims model_dims_from_config(const Config& cfg) {
   ModelDims m;
   m.num_layers = cfg.model.num_layers;

@@ -97,6 +97,10 @@ MemoryEstimate estimate_memory(const ModelDims& model, const LayoutSpec& layout,
                                SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 MemoryEstimate estimate_peak_memory(const ModelDims& model, const LayoutSpec& layout,
                                     SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
+// The largest single tensor a forward pass allocates: the fp32 logits [N, V/tp] or the attention
+// probabilities [B, heads/tp, T, T] of one microbatch. A lower bound for evaluation, which keeps nothing
+// for a backward pass.
+int64_t largest_forward_tensor(const ModelDims& model, const LayoutSpec& layout);
 
 // Parameters held by pipeline rank `pp_rank`, per model chunk, counting this rank's tensor-parallel
 // shards (replicated tensors in full) and the tied copy of the word embedding on the last stage.

@@ -80,11 +80,13 @@ TEST(StopSignals, LateRepeatOfTheSameSignalExitsAtOnce) {
 TEST(StopSignals, AgreementOverAGroupOfOne) {
   SelfCommunicator self("world");
   clear_stop_request();
-  EXPECT_EQ(agree_on_stop(self), 0);
+  EXPECT_EQ(agree_on_stop(self, false).signal, 0);
+  EXPECT_TRUE(agree_on_stop(self, true).time_up);
+  EXPECT_FALSE(agree_on_stop(self, false).time_up);
   request_stop(SIGTERM);
   request_stop(SIGUSR1);  // the first request stays
   EXPECT_EQ(stop_signal_received(), SIGTERM);
-  EXPECT_EQ(agree_on_stop(self), SIGTERM);
+  EXPECT_EQ(agree_on_stop(self, false).signal, SIGTERM);
   clear_stop_request();
   EXPECT_EQ(signal_name(SIGUSR1), "SIGUSR1");
   EXPECT_EQ(signal_name(99), "signal 99");
