@@ -170,11 +170,7 @@ struct Case {
   int64_t global_batch = 8;  // microbatches of 2
 };
 
-void check_case(const Case& k) {
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const int size = k.tp * k.pp * k.dp, rank = world_rank();
-  ASSERT_EQ(world % size, 0);
+Config case_config(const Case& k) {
   Config cfg = small_config();
   cfg.parallel.tensor = k.tp;
   cfg.parallel.pipeline = k.pp;
@@ -185,6 +181,15 @@ void check_case(const Case& k) {
   cfg.training.recompute = k.recompute;
   cfg.precision.dtype = k.dtype;
   cfg.training.global_batch_size = k.global_batch;
+  return cfg;
+}
+
+void check_case(const Case& k) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int size = k.tp * k.pp * k.dp, rank = world_rank();
+  ASSERT_EQ(world % size, 0);
+  const Config cfg = case_config(k);
   auto group = MpiCommunicator::split(MPI_COMM_WORLD, rank / size, rank % size, "memory");
   ParallelState ps = mpi_parallel_state(GridLayout(size, k.tp, k.pp, k.dp), *group);
   std::string what = std::to_string(k.tp) + "x" + std::to_string(k.pp) + "x" + std::to_string(k.dp) + " vpp" +
@@ -198,6 +203,20 @@ void check_case(const Case& k) {
   }
 }
 
+// Many microbatches per step: sent activations and gradients are freed at the release points of
+// parallel/send_release.h, so the peak (measured = predicted, as in every case) is that of 4 microbatches.
+void check_many_microbatches(const Case& k) {
+  check_case(k);
+  Case few = k;
+  few.global_batch = 8;
+  const GridLayout grid(k.tp * k.pp * k.dp, k.tp, k.pp, k.dp);
+  auto predicted = [&](const Case& c, int stage) {
+    const Config cfg = case_config(c);
+    return estimate_memory(model_dims_from_config(cfg), layout_spec_from_config(cfg, grid), stage).total();
+  };
+  for (int stage = 0; stage < k.pp; ++stage) EXPECT_EQ(predicted(k, stage), predicted(few, stage)) << "stage " << stage;
+}
+
 }  // namespace
 
 TEST(MemoryModelLayouts, TensorParallel) { check_case({2, 1, 1, 1}); }
@@ -209,24 +228,6 @@ TEST(MemoryModelLayouts, InterleavedPipeline) { check_case({1, 2, 1, 2}); }
 TEST(MemoryModelLayouts, DataParallel) { check_case({1, 1, 2, 1}); }
 TEST(MemoryModelLayouts, DistributedOptimizerBf16) { check_case({1, 1, 2, 1, true, false, "selective", "bf16"}); }
 TEST(MemoryModelLayouts, FourRanksMixed) { check_case({2, 2, 1, 1, false, true, "selective"}); }
-// Many microbatches per step: sent activations and gradients are freed at the release points of
-// parallel/send_release.h, so the peak (measured = predicted, as in every case) is that of 4 microbatches.
-void check_many_microbatches(const Case& k) {
-  check_case(k);
-  Case few = k;
-  few.global_batch = 8;
-  Config a = small_config(), b = small_config();
-  for (auto [cfg, c] : {std::pair<Config*, const Case*>{&a, &k}, {&b, &few}}) {
-    cfg->parallel.pipeline = c->pp, cfg->parallel.virtual_pipeline = c->vpp, cfg->training.recompute = c->recompute;
-    cfg->precision.dtype = c->dtype, cfg->training.global_batch_size = c->global_batch;
-  }
-  const GridLayout grid(k.pp, 1, k.pp, 1);
-  for (int stage = 0; stage < k.pp; ++stage)
-    EXPECT_EQ(estimate_memory(model_dims_from_config(a), layout_spec_from_config(a, grid), stage).total(),
-              estimate_memory(model_dims_from_config(b), layout_spec_from_config(b, grid), stage).total())
-        << "stage " << stage;
-}
-
 TEST(MemoryModelLayouts, FourStagesSixteenMicrobatches) { check_many_microbatches({1, 4, 1, 1, false, false, "none", "fp32", 32}); }
 TEST(MemoryModelLayouts, InterleavedSixteenMicrobatches) { check_many_microbatches({1, 2, 1, 2, false, false, "full", "bf16", 32}); }
 TEST(MemoryModelLayouts, FourRanksPipelineData) { check_case({1, 2, 2, 1, true}); }
