@@ -1,11 +1,12 @@
 // MpiCommunicator: the Communicator interface over one MPI communicator, for host (CPU) tensors. It owns
 // its MPI_Comm (made by duplicating or splitting a parent, freed on destruction) and sets MPI_ERRORS_RETURN
 // on it, so an MPI failure becomes a std::runtime_error naming the operation, the group, the rank and MPI's
-// own error string instead of aborting the job. Reductions are F32 only; data movement (all_gather,
-// broadcast, send/recv) moves raw bytes and so takes any dtype (F32, BF16, F16, I32). Besides the blocking
-// point-to-point ops it offers non-blocking isend/irecv and a batched `exchange` that posts a set of sends
-// and receives together and waits for all of them: a pipeline stage that sends to its neighbour while
-// receiving from it cannot deadlock that way.
+// own error string instead of aborting the job. Reductions (all_reduce, reduce_scatter) take F32, BF16 and
+// F16 tensors; 16-bit ones are reduced in fp32 and rounded back to nearest even once. Data movement
+// (all_gather, broadcast, send/recv) moves raw bytes and so takes any dtype (F32, BF16, F16, I32). Besides
+// the blocking point-to-point ops it offers non-blocking isend/irecv and a batched `exchange` that posts a
+// set of sends and receives together and waits for all of them: a pipeline stage that sends to its
+// neighbour while receiving from it cannot deadlock that way.
 #pragma once
 #include <mpi.h>
 

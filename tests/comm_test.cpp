@@ -1,9 +1,10 @@
 // Multi-rank tests of the MPI communicator and the process groups, run on 8 ranks: every collective against
-// values worked out by hand from rank-dependent inputs, reduce-scatter / all-gather round trips, a
-// send/recv ring, batched and non-blocking exchanges in both directions with messages large enough to need
-// a rendezvous (so a wrong ordering would deadlock), MPI errors turned into exceptions, group splits for
-// several (tp, pp, dp) layouts checked against the layout formula, and start-up errors that every rank
-// raises identically. Every test runs the same collectives on every rank, so a failure cannot hang it.
+// values worked out by hand from rank-dependent inputs, bf16 / fp16 reductions against the exact result
+// rounded once, reduce-scatter / all-gather round trips, a send/recv ring, batched and non-blocking
+// exchanges in both directions with messages large enough to need a rendezvous (so a wrong ordering would
+// deadlock), MPI errors turned into exceptions, group splits for several (tp, pp, dp) layouts checked
+// against the layout formula, and start-up errors that every rank raises identically. Every test runs the
+// same collectives on every rank, so a failure cannot hang it.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -11,6 +12,7 @@
 #include <numeric>
 
 #include "app/launch_env.h"
+#include "model/ops/half.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_grid.h"
 
@@ -147,6 +149,71 @@ TEST_F(Comm, ReduceScatterIntoOwnBlock) {
   for (int k = 0; k < n; ++k) EXPECT_EQ(shard.f32()[k], 36.0f);  // sum of 1..8
 }
 
+// A 16-bit value for (rank, index), of either sign, with magnitude in [1/8, 2]: its last bit is worth at
+// least 2^-13, so any sum of eight of them is exact in fp32 whatever the order, and the only rounding a
+// correct reduction makes is the final one back to 16 bits.
+uint16_t half_value(DType dtype, int rank, int64_t i) {
+  uint32_t h = static_cast<uint32_t>(rank * 1000003 + i) * 2654435761u;
+  h ^= h >> 15;
+  const float mag = 0.125f + 1.875f * float(h & 0xffffff) / float(1 << 24);
+  const float f = (h >> 31) ? -mag : mag;
+  return dtype == DType::BF16 ? fp32_to_bf16(f) : fp32_to_fp16(f);
+}
+float half_to_float(DType dtype, uint16_t h) { return dtype == DType::BF16 ? bf16_to_fp32(h) : fp16_to_fp32(h); }
+uint16_t float_to_half(DType dtype, float f) { return dtype == DType::BF16 ? fp32_to_bf16(f) : fp32_to_fp16(f); }
+
+// What every rank's (rank, index) values reduce to: the exact result rounded once to nearest even.
+uint16_t expected_half(DType dtype, int64_t i, ReduceOp op) {
+  double acc = half_to_float(dtype, half_value(dtype, 0, i));
+  for (int q = 1; q < 8; ++q) {
+    const double v = half_to_float(dtype, half_value(dtype, q, i));
+    acc = op == ReduceOp::Sum ? acc + v : op == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
+  }
+  return float_to_half(dtype, static_cast<float>(acc));
+}
+
+TEST_F(Comm, AllReduce16BitIsTheExactResultRoundedOnce) {
+  const int r = world->rank();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
+      // Sums over 2^21 elements, so the reduction runs as several pieces with a ragged last one.
+      const int64_t n = op == ReduceOp::Sum ? (int64_t(1) << 21) + 777 : 4096;
+      Tensor t = host_tensor(n, dtype);
+      for (int64_t i = 0; i < n; ++i) t.data<uint16_t>()[i] = half_value(dtype, r, i);
+      world->all_reduce(t, op);
+      int64_t wrong = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i)
+        if (t.data<uint16_t>()[i] != expected_half(dtype, i, op)) wrong += 1, first = first < 0 ? i : first;
+      EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " op " << int(op) << ", first at " << first;
+    }
+  }
+}
+
+TEST_F(Comm, ReduceScatter16BitIsTheExactSumRoundedOnce) {
+  // Blocks of over 2^18 elements: 8 of them run as two reduction pieces, the second ragged.
+  const int64_t n = (int64_t(1) << 18) + 333;
+  const int r = world->rank();
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    Tensor in = host_tensor(8 * n, dtype), out = host_tensor(n, dtype);
+    for (int64_t j = 0; j < 8 * n; ++j) in.data<uint16_t>()[j] = half_value(dtype, r, j);
+    world->reduce_scatter(in, out);
+    for (int64_t k = 0; k < n; ++k)
+      ASSERT_EQ(out.data<uint16_t>()[k], expected_half(dtype, r * n + k, ReduceOp::Sum)) << dtype_name(dtype) << k;
+
+    // Gathering the scattered sums gives what all_reduce gives, bit for bit.
+    Tensor gathered = host_tensor(8 * n, dtype), reduced = host_tensor(8 * n, dtype);
+    world->all_gather(out, gathered);
+    std::memcpy(reduced.raw(), in.raw(), in.bytes());
+    world->all_reduce(reduced);
+    EXPECT_EQ(std::memcmp(gathered.raw(), reduced.raw(), reduced.bytes()), 0) << dtype_name(dtype);
+
+    // Into this rank's own block of the input, as the distributed optimizer does.
+    Tensor shard = in.slice_elems(r * n, {n});
+    world->reduce_scatter(in, shard);
+    EXPECT_EQ(std::memcmp(shard.raw(), out.raw(), out.bytes()), 0) << dtype_name(dtype);
+  }
+}
+
 TEST_F(Comm, CollectivesSplitIntoPiecesGiveTheWholeResult) {
   // Large enough that every reduction and gather runs as several calls of at most 8 MiB, with a ragged
   // last piece: each element's sum is checked, so a piece placed at the wrong offset shows.
@@ -266,9 +333,11 @@ TEST_F(Comm, CountsBytesAndTime) {
 }
 
 TEST_F(Comm, ArgumentErrors) {
-  Tensor h = host_tensor(8, DType::BF16), f = host_tensor(8), small = host_tensor(3);
+  Tensor h = host_tensor(8, DType::I32), f = host_tensor(8), small = host_tensor(3);
+  Tensor h64 = host_tensor(64, DType::BF16);
   EXPECT_THROW(world->all_reduce(h), std::invalid_argument);
   EXPECT_THROW(world->reduce_scatter(h, h), std::invalid_argument);
+  EXPECT_THROW(world->reduce_scatter(h64, f), std::invalid_argument);  // dtypes differ
   EXPECT_THROW(world->all_gather(f, small), std::invalid_argument);
   EXPECT_THROW(world->reduce_scatter(small, f), std::invalid_argument);
   EXPECT_THROW(world->broadcast(f, 8), std::invalid_argument);
@@ -280,7 +349,9 @@ TEST_F(Comm, ArgumentErrors) {
   try {
     world->all_reduce(h);
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("reductions need F32 tensors, got bf16"), std::string::npos) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find("reductions need float tensors (fp32, bf16, fp16), got int32"), std::string::npos)
+        << message;
   }
 }
 
