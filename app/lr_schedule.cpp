@@ -16,13 +16,13 @@ LrDecayStyle parse_lr_decay_style(const std::string& name) {
                               "' (expected cosine, linear, constant or inverse-square-root)");
 }
 
-double LrSchedule::at(int64_t it) const {
-  if (warmup_iters > 0 && it <= warmup_iters) return lr * double(it) / double(warmup_iters);
+double LrSchedule::at(int64_t n) const {
+  if (warmup_iters > 0 && n <= warmup_iters) return lr * double(n) / double(warmup_iters);
   if (style == LrDecayStyle::Constant) return lr;
-  if (it > decay_iters) return min_lr;  // (and so whenever decay_iters <= warmup_iters)
+  if (n > decay_iters) return min_lr;  // (and so whenever decay_iters <= warmup_iters)
   if (style == LrDecayStyle::InverseSquareRoot)
-    return std::max(min_lr, lr * std::sqrt(double(std::max<int64_t>(warmup_iters, 1)) / double(std::max<int64_t>(it, 1))));
-  const double progress = double(it - warmup_iters) / double(decay_iters - warmup_iters);
+    return std::max(min_lr, lr * std::sqrt(double(std::max<int64_t>(warmup_iters, 1)) / double(std::max<int64_t>(n, 1))));
+  const double progress = double(n - warmup_iters) / double(decay_iters - warmup_iters);
   const double coeff = style == LrDecayStyle::Linear ? 1.0 - progress : 0.5 * (1.0 + std::cos(M_PI * progress));
   return min_lr + coeff * (lr - min_lr);
 }
