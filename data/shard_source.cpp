@@ -5,6 +5,7 @@
 #include "data/shard_source.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -145,12 +146,27 @@ void check_tokenizer(const ShardCorpus& c, const std::string& expected, int64_t 
 
 }  // namespace
 
-std::vector<DataBlendEntry> parse_data_spec(const std::vector<std::string>& entries, const std::string& what) {
+std::vector<std::string> data_spec_words(const std::vector<std::string>& entries) {
   std::vector<std::string> words;
   for (const auto& e : entries) {
+    const size_t first = e.find_first_not_of(" \t\r\n"), last = e.find_last_not_of(" \t\r\n");
+    if (first == std::string::npos) continue;
     std::istringstream in(e);
+    std::string head;
+    in >> head;
+    double v;
+    if (!parse_number(head, v)) {
+      words.push_back(e.substr(first, last - first + 1));
+      continue;
+    }
+    words.push_back(head);
     for (std::string w; in >> w;) words.push_back(w);
   }
+  return words;
+}
+
+std::vector<DataBlendEntry> parse_data_spec(const std::vector<std::string>& entries, const std::string& what) {
+  const std::vector<std::string> words = data_spec_words(entries);
   if (words.empty()) throw std::runtime_error(what + ": no data shards given");
   std::vector<DataBlendEntry> out;
   double v;
@@ -165,8 +181,8 @@ std::vector<DataBlendEntry> parse_data_spec(const std::vector<std::string>& entr
   if (words.size() % 2 != 0)
     throw std::runtime_error(what + " '" + join(words) + "': expected weight/path pairs (\"0.7 A 0.3 B\")");
   for (size_t k = 0; k < words.size(); k += 2) {
-    if (!parse_number(words[k], v) || !(v >= 0))
-      throw std::runtime_error(what + " '" + join(words) + "': '" + words[k] + "' is not a non-negative weight");
+    if (!parse_number(words[k], v) || !(v >= 0) || !std::isfinite(v))
+      throw std::runtime_error(what + " '" + join(words) + "': '" + words[k] + "' is not a finite non-negative weight");
     if (parse_number(words[k + 1], v))
       throw std::runtime_error(what + " '" + join(words) + "': expected a path after weight '" + words[k] + "'");
     double w = std::strtod(words[k].c_str(), nullptr);

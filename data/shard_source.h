@@ -21,9 +21,15 @@ struct DataBlendEntry {
   std::vector<std::string> paths;
 };
 
-// Parses a data spec: entries are split on whitespace and joined; either every word is a shard file or
-// prefix (one shard set, weight 1), or the words alternate weight, path ("0.7 data/a 0.3 data/b").
-// Throws std::runtime_error naming `what` on a malformed spec.
+// The words of a data spec: each entry is one word (a path, spaces and all, or a weight), except an entry
+// that starts with a weight followed by whitespace, Megatron-LM's "0.7 data/a 0.3 data/b" string, which
+// is split at whitespace. Surrounding whitespace is trimmed and blank entries dropped. (A path whose
+// first word is a number is written with a directory in front: "./2024 corpus/a".)
+std::vector<std::string> data_spec_words(const std::vector<std::string>& entries);
+
+// Parses a data spec (its data_spec_words): either every word is a shard file or prefix (one shard set,
+// weight 1), or the words alternate weight, path ("0.7 data/a 0.3 data/b"). Throws std::runtime_error
+// naming `what` on a malformed spec.
 std::vector<DataBlendEntry> parse_data_spec(const std::vector<std::string>& entries,
                                             const std::string& what = "data.train");
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end start-up errors of the gpt-train binary: each bad input must exit non-zero, quickly, with a
-# message naming the key, file or rule — never a crash or a hang. Usage: cli_errors_test.sh GPT_TRAIN SRC_DIR
+# message naming the key, file or rule — never a crash or a hang. Then the paths those keys take: spaces
+# and a leading ~. Usage: cli_errors_test.sh GPT_TRAIN SRC_DIR
 source "$(dirname "$0")/cli_test_lib.sh"
 
 expect_error "unknown key 'model.hiden_size'" "$BIN" --config "$CFG" --set model.hiden_size=3
@@ -25,4 +26,29 @@ expect_error "unknown subcommand" "$BIN" frobnicate
 "$BIN" prep --input "$SRC/README.md" --tokenizer bytes --output-prefix "$TMP/readme" >/dev/null 2>&1
 expect_error "vocab" "$BIN" --config "$CFG" --set "data.train=[$TMP/readme]" --set model.vocab_size=100
 expect_error "missing_shards" "$BIN" --config "$CFG" --set "data.train=[$TMP/missing_shards]"
+# Non-finite floats and sizes whose products overflow name their keys.
+expect_error "optimizer.lr must be a finite number, got inf" "$BIN" --config "$CFG" --set optimizer.lr=inf
+expect_error "training.step_timeout_s must be a finite number" "$BIN" config --config "$CFG" --set training.step_timeout_s=.inf
+expect_error "padded vocabulary .* overflows .*model.vocab_size = 9223372036854775807" "$BIN" --config "$CFG" --set model.vocab_size=9223372036854775807
+expect_error "position embedding .* overflows .*model.seq_length = 9223372036854775807" "$BIN" --config "$CFG" --set model.seq_length=9223372036854775807
+expect_error "model.num_layers must be <= 2147483647" "$BIN" --config "$CFG" --set model.num_layers=9223372036854775807
+expect_error "microbatch count per step .*training.global_batch_size = 9223372036854775800" "$BIN" --config "$CFG" --set training.global_batch_size=9223372036854775800
+# Paths: ~user is refused; a path with spaces is one path (the error names all of it).
+expect_error "checkpoint.dir '~bob/ckpt': only ~ and ~/" "$BIN" --config "$CFG" --set 'checkpoint.dir=~bob/ckpt'
+mkdir -p "$TMP/my data" "$TMP/home" "$TMP/cwd"
+expect_error "$TMP/my data/missing" "$BIN" --config "$CFG" --set "data.train=[$TMP/my data/missing]"
+# A shard prefix in a directory with spaces trains, and ~ in checkpoint.dir and logging.metrics_file is
+# $HOME (no literal ./~ directory appears).
+"$BIN" prep --input "$SRC/README.md" --tokenizer bytes --output-prefix "$TMP/my data/readme" >/dev/null 2>&1
+out=$(cd "$TMP/cwd" && HOME="$TMP/home" timeout 120 "$BIN" --config "$CFG" --set "data.train=[$TMP/my data/readme]" \
+      --set model.vocab_size=257 --set training.train_iters=2 --set eval.interval=0 \
+      --set 'checkpoint.dir=~/ckpt' --set 'logging.metrics_file=~/m.jsonl' 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || [ ! -f "$TMP/home/ckpt/latest" ] || [ ! -s "$TMP/home/m.jsonl" ] || [ -e "$TMP/cwd/~" ]; then
+  echo "FAIL (rc=$rc): training on '$TMP/my data/readme' with checkpoint.dir=~/ckpt"
+  sed 's/^/    /' <<<"$out" | tail -5
+  fail=1
+else
+  echo "ok: a prefix under 'my data' trains; ~/ckpt and ~/m.jsonl are under HOME"
+fi
 exit $fail

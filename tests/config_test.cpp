@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
 
 #include "app/config.h"
+#include "app/config_paths.h"
 #include "app/config_schema.h"
 
 namespace gpt {
@@ -327,10 +329,11 @@ Config unusual_config() {
                         "optimizer.warmup_iters=7", "optimizer.decay_iters=9000", "optimizer.weight_decay=0",
                         "optimizer.beta1=0.85", "optimizer.beta2=0.999", "optimizer.eps=1e-08",
                         "optimizer.clip_grad=0.5", "precision.dtype=bf16"});
-  c.data.train = {"a.h5", "with space.h5", "~", "null", "true", "a: b", "#hash", "[x]", "quote\"s", "ünï"};
+  // (A path key's leading ~ is the home directory, so YAML's null spelling "~" is tried on the tokenizer.)
+  c.data.train = {"a.h5", "with space.h5", "x/~", "null", "true", "a: b", "#hash", "[x]", "quote\"s", "ünï"};
   c.data.valid = {"1"};
   c.data.split = "98,1.5,0.5";
-  c.data.tokenizer = "";
+  c.data.tokenizer = "~";
   c.data.synthetic = "pattern";
   c.checkpoint.dir = "runs/ck: pt";
   c.checkpoint.save_interval = 100;
@@ -377,7 +380,7 @@ TEST(ConfigDump, RoundTripsThroughLoad) {
   Config r = load_config_string(dump_config(u), "dump.yaml");
   EXPECT_EQ(r.data.train, u.data.train);
   EXPECT_EQ(r.data.valid, u.data.valid);
-  EXPECT_EQ(r.data.tokenizer, "");
+  EXPECT_EQ(r.data.tokenizer, "~");
   EXPECT_EQ(r.checkpoint.dir, u.checkpoint.dir);
   EXPECT_EQ(r.checkpoint.load, u.checkpoint.load);
   EXPECT_EQ(r.optimizer.min_lr, u.optimizer.min_lr);  // bit-exact
@@ -385,6 +388,145 @@ TEST(ConfigDump, RoundTripsThroughLoad) {
   EXPECT_EQ(r.training.seed, -1);
   EXPECT_TRUE(r.parallel.distributed_optimizer);
   EXPECT_EQ(r.logging.peak_tflops, 989.5);
+}
+
+// ---- non-finite floats, sizes that overflow, paths -------------------------------------------------
+
+TEST(ConfigValidation, EveryFloatKeyRejectsInfinityAndNan) {
+  Config probe;
+  int float_keys = 0;
+  for (const ConfigKey& key : config_keys()) {
+    if (!std::holds_alternative<double*>(key.field(probe))) continue;
+    ++float_keys;
+    const std::string path = key.path;
+    const size_t dot = path.find('.');
+    for (const char* value : {"inf", "-inf", "+inf", "infinity", "nan", "NaN", ".inf", "-.inf", ".nan"}) {
+      SCOPED_TRACE(path + "=" + value);
+      expect_config_error([&] { from_yaml("", {path + "=" + value}); },
+                          {"config test.yaml: " + path + " must be a finite number"});
+      expect_config_error([&] { from_yaml(path.substr(0, dot) + ":\n  " + path.substr(dot + 1) + ": " + value + "\n"); },
+                          {"config test.yaml: " + path + " must be a finite number"});
+    }
+  }
+  EXPECT_GE(float_keys, 10);
+}
+
+TEST(ConfigValidation, HugeSizesNameTheirKeysInsteadOfOverflowing) {
+  const std::string max = "9223372036854775807";  // 2^63 - 1
+  struct SizeCase {
+    std::vector<std::string> overrides;
+    std::vector<std::string> must_mention;
+  };
+  const std::vector<SizeCase> cases = {
+      {{"model.vocab_size=" + max}, {"padded vocabulary", "overflows", "model.vocab_size = " + max}},
+      {{"model.vocab_size=4611686018427387904"}, {"word embedding", "model.vocab_size = 4611686018427387904",
+                                                  "model.hidden_size = 64"}},
+      {{"model.make_vocab_size_divisible_by=" + max, "parallel.tensor=2"},
+       {"model.make_vocab_size_divisible_by = " + max, "parallel.tensor = 2", "overflows"}},
+      {{"model.hidden_size=" + max}, {"4 x model.hidden_size", "model.hidden_size = " + max}},
+      {{"model.hidden_size=3037000500", "model.num_heads=4"}, {"one layer", "model.hidden_size = 3037000500"}},
+      {{"model.ffn_hidden_size=" + max}, {"model.ffn_hidden_size = " + max, "overflows"}},
+      {{"model.seq_length=" + max}, {"model.seq_length = " + max, "overflows"}},
+      {{"model.seq_length=2000000000"}, {"activation bytes", "model.seq_length = 2000000000", "model.num_heads"}},
+      {{"model.num_layers=" + max}, {"model.num_layers must be <= 2147483647"}},
+      {{"model.num_layers=1099511627776"}, {"model.num_layers must be <= 2147483647"}},
+      {{"model.num_heads=" + max}, {"model.num_heads = " + max, "overflows"}},
+      {{"training.global_batch_size=" + max}, {"microbatch count per step", "training.global_batch_size = " + max}},
+      {{"training.global_batch_size=9223372036854775800", "training.micro_batch_size=4611686018427387900"},
+       {"activation bytes", "training.global_batch_size = 9223372036854775800"}},
+      {{"training.micro_batch_size=8589934592", "training.global_batch_size=17179869184", "parallel.data=2147483647"},
+       {"training.micro_batch_size = 8589934592", "parallel.data = 2147483647", "overflows"}},
+      {{"training.train_iters=" + max}, {"token count of the run", "training.train_iters = " + max}},
+      {{"eval.iters=" + max}, {"token count of one evaluation", "eval.iters = " + max}},
+      {{"parallel.bucket_size_mb=" + max}, {"parallel.bucket_size_mb = " + max, "overflows"}},
+      {{"parallel.pipeline=4294967296"}, {"parallel.pipeline must be <= 2147483647"}},
+      {{"parallel.pipeline=65536", "parallel.virtual_pipeline=65536", "model.num_layers=65536"},
+       {"model chunk count", "parallel.pipeline = 65536", "parallel.virtual_pipeline = 65536"}},
+      {{"parallel.tensor=65536", "parallel.pipeline=65536", "model.num_heads=65536", "model.hidden_size=65536"},
+       {"world size", "parallel.tensor = 65536", "parallel.pipeline = 65536"}},
+      {{"training.threads=" + max}, {"training.threads must be <= 2147483647"}},
+  };
+  for (const SizeCase& size_case : cases) {
+    SCOPED_TRACE(size_case.overrides.front());
+    std::vector<std::string> parts = size_case.must_mention;
+    parts.push_back("config test.yaml: ");
+    expect_config_error([&] { from_yaml("", size_case.overrides); }, parts);
+    try {
+      from_yaml("", size_case.overrides);
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).find("negative"), std::string::npos) << e.what();
+    }
+  }
+  // The shipped configs' sizes, and a long context, are nowhere near the limits.
+  EXPECT_NO_THROW(from_yaml("", {"model.num_layers=96", "model.hidden_size=12288", "model.num_heads=96",
+                                 "model.seq_length=131072", "model.vocab_size=256000", "parallel.tensor=8",
+                                 "parallel.pipeline=16", "training.micro_batch_size=1",
+                                 "training.global_batch_size=4096", "training.train_iters=1000000"}));
+}
+
+// Sets HOME for the test's scope and puts the previous value back.
+class HomeDirectory {
+ public:
+  explicit HomeDirectory(const char* value) {
+    if (const char* old = std::getenv("HOME")) saved_ = old, had_ = true;
+    if (value) setenv("HOME", value, 1);
+    else unsetenv("HOME");
+  }
+  ~HomeDirectory() {
+    if (had_) setenv("HOME", saved_.c_str(), 1);
+    else unsetenv("HOME");
+  }
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+TEST(ConfigPaths, LeadingTildeIsTheHomeDirectoryInEveryPathKey) {
+  const std::string home = (temp_dir() / "home").string();
+  HomeDirectory scoped(home.c_str());
+  Config c = from_yaml("data:\n  train: [~/a, \"~/my data/b\"]\n  valid: 0.3 ~/v 0.7 ~/w\n"
+                       "checkpoint:\n  dir: ~/ckpt\n",
+                       {"checkpoint.load='~'", "logging.metrics_file=~/runs/m.jsonl", "logging.hardware=~/hw.yaml"});
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{home + "/a", home + "/my data/b"}));
+  EXPECT_EQ(c.data.valid, (std::vector<std::string>{"0.3", home + "/v", "0.7", home + "/w"}));
+  EXPECT_EQ(c.checkpoint.dir, home + "/ckpt");
+  EXPECT_EQ(c.checkpoint.load, home);
+  EXPECT_EQ(c.logging.metrics_file, home + "/runs/m.jsonl");
+  EXPECT_EQ(c.logging.hardware, home + "/hw.yaml");
+  // Only a leading ~ is special, and only in path keys.
+  Config d = from_yaml("", {"checkpoint.dir=runs/~/x", "data.tokenizer='~'"});
+  EXPECT_EQ(d.checkpoint.dir, "runs/~/x");
+  EXPECT_EQ(d.data.tokenizer, "~");
+  EXPECT_EQ(from_yaml("", {"checkpoint.load=~"}).checkpoint.load, "");  // a bare ~ is YAML's null
+  EXPECT_EQ(expand_home("~/", "/h/"), "/h/");
+  EXPECT_EQ(expand_home("~", "/h/"), "/h/");
+  EXPECT_EQ(expand_home("~/x", "/h/"), "/h/x");
+  // ~user is refused rather than made into a directory named "~user".
+  expect_config_error([] { from_yaml("", {"checkpoint.dir=~bob/ckpt"}); },
+                      {"config test.yaml: checkpoint.dir", "'~bob/ckpt'", "not ~user"});
+  expect_config_error([] { from_yaml("", {"data.train=[0.5, ~bob/a, 0.5, b]"}); }, {"data.train", "'~bob/a'"});
+}
+
+TEST(ConfigPaths, TildeWithoutHomeIsAnError) {
+  HomeDirectory scoped(nullptr);
+  expect_config_error([] { from_yaml("", {"logging.metrics_file=~/m.jsonl"}); },
+                      {"config test.yaml: logging.metrics_file", "HOME is not set"});
+  EXPECT_EQ(from_yaml("", {"logging.metrics_file=m.jsonl"}).logging.metrics_file, "m.jsonl");
+}
+
+TEST(ConfigPaths, DataPathsKeepTheirSpaces) {
+  // A list element or a single string is one path, quoted or not; weights are separate words.
+  Config c = from_yaml("data:\n  train:\n    - my corpus/part one\n    - \"other data/x\"\n  valid: held out/v\n");
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"my corpus/part one", "other data/x"}));
+  EXPECT_EQ(c.data.valid, (std::vector<std::string>{"held out/v"}));
+  Config d = from_yaml("", {"data.train=[my corpus/a, 'b c']", "data.valid=[0.5, my dir/v, 0.5, w]"});
+  EXPECT_EQ(d.data.train, (std::vector<std::string>{"my corpus/a", "b c"}));
+  EXPECT_EQ(d.data.valid, (std::vector<std::string>{"0.5", "my dir/v", "0.5", "w"}));
+  // Megatron's blend string is stored as its words; the dump reloads to the same list.
+  Config e = from_yaml("data:\n  train: \"0.7 data/a 0.3 data/b\"\n");
+  EXPECT_EQ(e.data.train, (std::vector<std::string>{"0.7", "data/a", "0.3", "data/b"}));
+  EXPECT_EQ(load_config_string(dump_config(d), "dump.yaml").data.valid, d.data.valid);
 }
 
 }  // namespace

@@ -337,7 +337,9 @@ TEST(ShardSource, DeterministicResumableAndReshuffledPerEpoch) {
 TEST(ShardSource, AllSplitAndMultiplePrefixesConcatenate) {
   TempDir dir;
   std::string p1 = make_tagged_prefix(dir, "one", 10, 10);
-  std::string p2 = dir / "two";
+  // The second prefix lives in a directory with spaces in its name: a data spec entry is one path.
+  std::filesystem::create_directories(dir / "my data  dir");
+  std::string p2 = dir / "my data  dir/two";
   {
     // documents 10..19 in a second prefix, same tokenizer
     auto docs = tagged_docs(10, 10);
@@ -352,9 +354,9 @@ TEST(ShardSource, AllSplitAndMultiplePrefixesConcatenate) {
     ix.shards = {{"two_00000.h5", 10, toks}};
     write_shard_index(p2, ix);
   }
-  auto all = make_shard_source({p1 + " " + p2}, "all", "", 8, 1, "", 0);
+  auto all = make_shard_source({p1, p2}, "all", "", 8, 1, "", 0);
   check_epoch(*all, 0, 8, 0, 20);
-  auto listed = make_shard_source({p1, p2}, "all", "ignored", 8, 1, "", 0);
+  auto listed = make_shard_source({" " + p1, p2 + "\t"}, "all", "ignored", 8, 1, "", 0);  // trimmed
   std::vector<int32_t> x(9), y(9);
   for (int64_t i = 0; i < all->size(); ++i) {
     all->sample(i, x.data());
@@ -406,8 +408,20 @@ TEST(ShardSource, DataSpecParsing) {
   ASSERT_EQ(two.size(), 2u);
   EXPECT_DOUBLE_EQ(two[0].weight, 0.7);
   EXPECT_EQ(two[1].paths, (std::vector<std::string>{"data/b"}));
+  // An entry that does not start with a weight is one path, spaces and all (trimmed at its ends).
+  auto spaced = parse_data_spec({" my data/part one ", "data/b"});
+  ASSERT_EQ(spaced.size(), 1u);
+  EXPECT_EQ(spaced[0].paths, (std::vector<std::string>{"my data/part one", "data/b"}));
+  // Weights and spaced paths as separate entries; Megatron's one-string blend is split at whitespace.
+  auto blend = parse_data_spec({"0.25", "my data/a", "0.75", "b c"});
+  ASSERT_EQ(blend.size(), 2u);
+  EXPECT_EQ(blend[0].paths, (std::vector<std::string>{"my data/a"}));
+  EXPECT_EQ(blend[1].paths, (std::vector<std::string>{"b c"}));
+  EXPECT_EQ(data_spec_words({"0.7 data/a\t0.3  data/b", "  ", "./2024 corpus"}),
+            (std::vector<std::string>{"0.7", "data/a", "0.3", "data/b", "./2024 corpus"}));
+  expect_runtime_error([] { parse_data_spec({"inf data/a"}); }, {"'inf'", "finite non-negative weight"});
   expect_runtime_error([] { parse_data_spec({"0.7 data/a 0.3"}); }, {"weight/path pairs"});
-  expect_runtime_error([] { parse_data_spec({"data/a 0.3 data/b"}); }, {"unweighted", "0.3"});
+  expect_runtime_error([] { parse_data_spec({"data/a", "0.3", "data/b"}); }, {"unweighted", "0.3"});
   expect_runtime_error([] { parse_data_spec({"0.5 1.5"}); }, {"expected a path"});
   expect_runtime_error([] { parse_data_spec({"-1 data/a"}); }, {"non-negative"});
   expect_runtime_error([] { parse_data_spec({"0 a 0 b"}); }, {"sum to zero"});
