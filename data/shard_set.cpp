@@ -6,7 +6,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -41,10 +43,17 @@ void write_shard_index(const std::string& prefix, const ShardIndex& ix) {
   o << "\n  ]\n}\n";
   const std::string path = shard_index_path(prefix), tmp = path + ".tmp";
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::trunc);
     out << o.str();
     out.flush();
-    if (!out) throw std::runtime_error("cannot write shard index '" + tmp + "'");
+    if (!out) {
+      const std::string reason = errno ? std::strerror(errno) : "write failed";
+      out.close();
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw std::runtime_error("cannot write shard index '" + tmp + "': " + reason);
+    }
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);

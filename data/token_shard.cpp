@@ -49,6 +49,8 @@ void write_dataset(hid_t f, const char* name, hid_t file_type, hid_t mem_type, c
                             std::string("create dataset ") + name);
   h5::check(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), file,
             std::string("write dataset ") + name);
+  // The last chunks stay in the chunk cache until the dataset closes: their write can fail only here.
+  h5::close(ds, file, std::string("write dataset ") + name);
 }
 
 // Reads an optional integer attribute; false when absent. Throws when present but not an integer.
@@ -120,10 +122,8 @@ void write_token_shard(const std::string& path, std::span<const uint32_t> tokens
   const std::string tmp = path + ".tmp";
   {
     h5::Lock lock;
-    h5::Handle fapl = h5::check(H5Pcreate(H5P_FILE_ACCESS), tmp, "create file access properties");
     // The 1.10 format checksums every metadata block, which lets a reader detect corruption.
-    h5::check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), tmp, "select file format");
-    h5::Handle f = h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), tmp, "create file");
+    h5::Handle f = h5::create_file(tmp);
     if (narrow) {
       std::vector<uint16_t> narrow_tokens(tokens.begin(), tokens.end());
       write_dataset(f.get(), "tokens", H5T_STD_U16LE, H5T_NATIVE_UINT16, narrow_tokens.data(), tokens.size(),
@@ -144,6 +144,7 @@ void write_token_shard(const std::string& path, std::span<const uint32_t> tokens
     write_string_attr(root, "tokenizer", meta.tokenizer, tmp);
     write_string_attr(root, "tokenizer_hash", meta.tokenizer_hash, tmp);
     h5::check(H5Fflush(f.get(), H5F_SCOPE_GLOBAL), tmp, "flush");
+    h5::close(f, tmp, "close");  // checked: a shard whose close failed must not be renamed into place
   }
   // Durable before it becomes visible under its final name.
   int fd = ::open(tmp.c_str(), O_RDONLY);

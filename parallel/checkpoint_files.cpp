@@ -79,9 +79,7 @@ ShardFileWriter::ShardFileWriter(const std::string& path, int rank, int64_t iter
   impl_->path = path;
   impl_->entry.file = std::filesystem::path(path).filename().string();
   impl_->entry.rank = rank;
-  h5::Handle fapl = h5::check(H5Pcreate(H5P_FILE_ACCESS), path, "create file properties");
-  h5::check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), path, "select file format");
-  impl_->file = h5::check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), path, "create file");
+  impl_->file = h5::create_file(path);
   impl_->fd = posix_fd(impl_->file.get());
   write_int_attr(impl_->file.get(), "rank", {rank}, path);
   write_int_attr(impl_->file.get(), "iteration", {iteration}, path);
@@ -143,6 +141,7 @@ void ShardFileWriter::write(const std::string& kind, const std::string& name, co
   write_int_attr(ds.get(), "shard", {shard.dim, shard.blocks, shard.parts, shard.part}, w.path);
   write_int_attr(ds.get(), "range", {begin, end}, w.path);
   write_int_attr(ds.get(), "crc32", {piece.crc32}, w.path);
+  h5::close(ds, w.path, "write dataset " + piece.dataset());
   w.entry.pieces.push_back(std::move(piece));
 }
 
@@ -151,7 +150,7 @@ StoredFile ShardFileWriter::finish() {
     h5::Lock lock;
     impl_->groups.clear();
     h5::check(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), impl_->path, "flush");
-    impl_->file.reset();  // every object in it is closed, so this closes the file now
+    h5::close(impl_->file, impl_->path, "close");  // writes what the flush left: a failure is an error
   }
   fsync_path(impl_->path);
   if (int fd = ::open(impl_->path.c_str(), O_RDONLY); fd >= 0) {  // all on disk: nothing worth caching
