@@ -15,7 +15,7 @@ namespace gpt {
 namespace {
 
 // Options that are switches; they never consume the next argument.
-const std::set<std::string> kFlags = {"help", "dump", "version"};
+const std::set<std::string> kFlags = {"help", "dump", "version", "random-init"};
 
 bool is_subcommand(const std::string& name) {
   return std::any_of(subcommands().begin(), subcommands().end(),
@@ -50,7 +50,8 @@ std::string unknown_subcommand_message(const std::string& name) {
 const std::vector<Subcommand>& subcommands() {
   static const std::vector<Subcommand> list = {
       {"train", "train a model from a config (the default when the first argument is an option)"},
-      {"eval", "evaluate a checkpoint (--load DIR; its own config unless --config) on the validation data"},
+      {"eval", "validation loss of a checkpoint (--load DIR; its own config unless --config), or of the initial "
+               "weights (--random-init)"},
       {"prep", "tokenize text files into HDF5 token shards"},
       {"schedule", "print the pipeline schedule table for given pipeline, virtual and microbatch sizes"},
       {"config", "load and validate a config; --dump prints every key with its value"},

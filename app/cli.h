@@ -47,7 +47,7 @@ struct ParsedArgs {
 };
 
 // A bare `--name` takes the next argument as its value unless that argument starts with "--" or `name`
-// is a flag that never takes a value (help, dump, version). Use --name=value to be explicit.
+// is a flag that never takes a value (help, dump, version, random-init). Use --name=value to be explicit.
 // Throws CliError for an unknown subcommand, a --config or --set without a value, or a --set that is
 // not key=value.
 ParsedArgs parse_args(int argc, char** argv);

@@ -19,10 +19,14 @@
 #include "app/metrics.h"
 #include "app/plan.h"
 #include "app/signals.h"
+#include "app/startup_checks.h"
 #include "app/trainer.h"
 #include "app/watchdog.h"
 #include "model/ops/backend.h"
 #include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint_lock.h"
+#include "parallel/host_messages.h"
+#include "parallel/mpi_communicator.h"
 #include "parallel/communicator_factory.h"
 #include "parallel/memory_model.h"
 #include "parallel/pipeline_schedule.h"
@@ -34,31 +38,72 @@ namespace gpt {
 
 namespace {
 
+// Evaluation batches that split over `world` ranks. evaluate() averages equal-sized microbatches, so its
+// loss is the mean over the samples [0, iters x global_batch_size) whatever the micro batch and the
+// data-parallel degree; only the global batch decides which samples are read. When the global batch is
+// not a multiple of micro_batch_size x data-parallel size (a batch of 8 on 3 ranks), this picks the micro
+// batch (at most the configured one) whose nearest fitting global batch is nearest the configured one,
+// the larger micro batch on a tie, and returns a line for the log saying that the sample count changed;
+// "" when the config already fits or its layout is wrong anyway (reported by the layout checks).
+std::string fit_eval_batch(Config& cfg, int world) {
+  const int64_t tp = cfg.parallel.tensor, pp = cfg.parallel.pipeline;
+  if (tp < 1 || pp < 1 || world % (tp * pp) != 0) return "";
+  const int64_t dp = cfg.parallel.data > 0 ? cfg.parallel.data : world / (tp * pp);
+  const int64_t mb = cfg.training.micro_batch_size, gb = cfg.training.global_batch_size;
+  if (dp < 1 || mb < 1 || gb < 1 || gb % (mb * dp) == 0) return "";
+  // The interleaved schedule also needs the microbatch count to be a multiple of the pipeline size.
+  const int64_t groups = cfg.parallel.virtual_pipeline > 1 ? pp : 1;
+  int64_t best_mb = 0, best_gb = 0;
+  for (int64_t m = mb; m >= 1 && m > mb - 4096; --m) {
+    const int64_t unit = m * dp * groups;
+    const int64_t g = std::max<int64_t>(1, (gb + unit / 2) / unit) * unit;
+    if (best_gb == 0 || std::abs(g - gb) < std::abs(best_gb - gb)) {
+      best_mb = m;
+      best_gb = g;
+    }
+  }
+  cfg.training.micro_batch_size = best_mb;
+  cfg.training.global_batch_size = best_gb;
+  return fmt::format(
+      "the checkpoint's training.global_batch_size {} is not a multiple of micro_batch_size {} x {} data-parallel "
+      "rank(s): evaluating batches of {} samples (micro batch {}) instead, so each evaluation batch covers {} "
+      "samples rather than {} (--set training.global_batch_size / training.micro_batch_size to choose)",
+      gb, mb, dp, best_gb, best_mb, best_gb, gb);
+}
+
 // eval --load DIR without --config: the config the checkpoint was saved with (metadata.yaml keeps the
 // saving run's whole config: model, tokenizer, data), on a layout that fits any world size (tensor,
-// pipeline and virtual pipeline 1, data parallel over every rank, no checkpoint saving), with the
-// command line's --set applied last. The same on every rank.
-Config config_from_checkpoint(const ParsedArgs& args) {
+// pipeline and virtual pipeline 1, data parallel over every rank, no checkpoint saving, evaluation
+// batches fitted to the world size unless --set chooses them), with the command line's --set applied
+// last. The same on every rank; `note` receives what fitting the batch changed.
+Config config_from_checkpoint(const ParsedArgs& args, int world, std::string& note) {
   const std::string path = args.get("load");
   try {
     const std::string dir = resolve_checkpoint(path);
     if (dir.empty())
       throw std::runtime_error("checkpoint " + path + ": nothing to load (no metadata.yaml and no latest pointer)");
-    const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(dir + "/" + kMetadataFile), dir);
+    const std::string index = dir + "/" + kMetadataFile;
+    const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(index), index);
     std::vector<std::string> sets = {"parallel.tensor=1",          "parallel.pipeline=1",
                                      "parallel.virtual_pipeline=1", "parallel.data=0",
                                      "parallel.sequence_parallel=false", "parallel.distributed_optimizer=false",
                                      "checkpoint.dir=",            "checkpoint.save_interval=0",
                                      "checkpoint.finetune=false"};
     sets.insert(sets.end(), args.sets.begin(), args.sets.end());
-    return load_config_string(meta.config_yaml, "checkpoint " + dir + "/" + kMetadataFile, sets);
+    Config cfg = load_config_string(meta.config_yaml, "checkpoint " + index, sets);
+    const bool batch_set = std::any_of(args.sets.begin(), args.sets.end(), [](const std::string& s) {
+      return s.rfind("training.micro_batch_size=", 0) == 0 || s.rfind("training.global_batch_size=", 0) == 0;
+    });
+    if (!batch_set) note = fit_eval_batch(cfg, world);
+    return cfg;
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }
 }
 
-Config load_or_startup_error(const ParsedArgs& args) {
-  if (args.config.empty() && args.command == "eval" && args.has("load")) return config_from_checkpoint(args);
+Config load_or_startup_error(const ParsedArgs& args, int world, std::string& note) {
+  if (args.config.empty() && args.command == "eval" && args.has("load"))
+    return config_from_checkpoint(args, world, note);
   if (args.config.empty())
     throw StartupError("--config FILE is required for '" + args.command + "'" +
                        (args.command == "eval" ? " (or --load DIR, to use the checkpoint's own config)" : ""));
@@ -190,18 +235,55 @@ int config_main(const ParsedArgs& args) {
 int run_distributed_command(const ParsedArgs& args) {
   if (args.command != "train" && args.command != "eval")
     throw StartupError("subcommand '" + args.command + "' is not available in this build");
-  args.check_options({"load", "iters"});
-  Config cfg = load_or_startup_error(args);
-  if (args.has("load")) cfg.checkpoint.load = args.get("load");
-  if (args.command == "eval" && !cfg.checkpoint.load.empty()) cfg.checkpoint.dir.clear();  // eval what --load names
+  const bool eval = args.command == "eval";
+  args.check_options(eval ? std::vector<std::string>{"load", "iters", "random-init"}
+                          : std::vector<std::string>{"load"});
+  // Command-line mistakes first, before any work (CliError: the same on every rank).
+  if (args.has("iters") && args.get_int("iters", 0) < 0)
+    throw CliError("--iters " + args.get("iters") +
+                   ": expected a number of batches >= 0 (0 evaluates each split once through) (run 'gpt-train "
+                   "--help' for usage)");
+  const bool random_init = eval && args.get_bool("random-init", false);
+  if (random_init && args.has("load"))
+    throw CliError("--random-init evaluates the initial weights and --load a checkpoint's: give one of them (run "
+                   "'gpt-train --help' for usage)");
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  init_logging(rank, cfg.logging.level, cfg.logging.all_ranks);
   install_mpi_error_handler(rank);  // an MPI error on the world communicator names this rank, then aborts
+  // A config that fails on one rank only (a node without the file) fails every rank alike, and every rank
+  // must run the same effective config.
+  auto startup_world = MpiCommunicator::dup(MPI_COMM_WORLD, "world");
+  std::string batch_note, error;
+  Config cfg;
+  try {
+    cfg = load_or_startup_error(args, world, batch_note);
+  } catch (const StartupError& e) {
+    error = e.what();
+  }
+  agree_or_throw<StartupError>(*startup_world, error);
+  if (args.has("load")) cfg.checkpoint.load = args.get("load");
+  if (eval && !cfg.checkpoint.load.empty()) cfg.checkpoint.dir.clear();  // eval what --load names
+  init_logging(rank, cfg.logging.level, cfg.logging.all_ranks);
+  require_same_config(*startup_world, cfg);
   LaunchInfo launch = reconcile_with_mpi(discover_launch_env());
+  // The watchdog from here on (app/watchdog.h): start-up and checkpoint I/O within
+  // training.startup_timeout_s, steps and evaluation batches within training.step_timeout_s. Only a
+  // launched rank watches its parent: a plain process may outlive the shell that started it (nohup).
+  start_process_watchdog({rank, cfg.training.step_timeout_s, launch.env.launcher != Launcher::None, 1.0,
+                          cfg.training.startup_timeout_s, /*census=*/true});
+  struct StopWatchdog {
+    ~StopWatchdog() { stop_process_watchdog(); }
+  } stop_watchdog;
+  auto startup = std::make_unique<WatchdogScope>("start-up", WatchdogScope::kStartup);
   GridLayout layout = layout_or_startup_error(cfg, world);
   refuse_impossible_host_memory(cfg, layout, launch.env.local_size, args.command == "train");
+  // Evaluating weights nobody trained is asked for, never a fallback.
+  const std::string use_flags = "pass --load DIR to evaluate a checkpoint, or --random-init to evaluate the randomly "
+                                "initialised weights";
+  if (eval && !random_init && cfg.checkpoint.load.empty() && cfg.checkpoint.dir.empty())
+    throw StartupError("eval: no checkpoint to evaluate (no --load, and checkpoint.load and checkpoint.dir are empty "
+                       "in " + cfg.source + "); " + use_flags);
   ParallelState ps = mpi_parallel_state(layout);
   const int threads = set_threads(cfg, launch.env.local_size);
   std::unique_ptr<Backend> backend;
@@ -220,31 +302,54 @@ int run_distributed_command(const ParsedArgs& args) {
     spdlog::info("effective config (from {}):\n{}", cfg.source, dump_config(cfg));
     spdlog::info("layout:\n{}", describe_layout(layout, launch.hosts));
     log_layout_checks(cfg, layout, launch.env.local_size);  // predicted memory; planner comparison
+    if (!batch_note.empty()) spdlog::warn("eval on {} rank(s): {}", world, batch_note);
+  }
+
+  // Found now, not at the first evaluation or save: unreadable or too small data, an unwritable or
+  // already locked checkpoint directory.
+  check_data_at_startup(*ps.world, cfg, args.command == "train");
+  std::unique_ptr<CheckpointDirLock> lock;
+  if (args.command == "train" && !cfg.checkpoint.dir.empty()) {
+    std::string warning;
+    if (rank == 0) {
+      try {
+        lock = std::make_unique<CheckpointDirLock>(cfg.checkpoint.dir, cfg.checkpoint.lock_stale_s, &warning);
+      } catch (const std::exception& e) {
+        error = "config " + cfg.source + ": checkpoint.dir: " + e.what();
+      }
+      if (!warning.empty()) spdlog::warn("{}", warning);
+    }
+    agree_or_throw<StartupError>(*ps.world, error);
   }
 
   // SIGTERM / SIGUSR1 from here on stop every rank after a step with a checkpoint, and the run exits 0.
   if (args.command == "train") install_stop_signal_handlers(rank);
   Trainer trainer(cfg, ps, *backend);
+  startup.reset();
   if (args.command == "train") {
-    // Steps are timed by training.step_timeout_s. Only a launched rank watches its parent: a plain
-    // process may outlive the shell that started it (nohup) and must keep going.
-    start_process_watchdog({rank, cfg.training.step_timeout_s, launch.env.launcher != Launcher::None});
-    struct StopWatchdog {
-      ~StopWatchdog() { stop_process_watchdog(); }
-    } stop_watchdog;
     try {
       trainer.train();
     } catch (const CheckpointError& e) {  // raised alike on every rank (parallel/checkpoint.h)
+      throw StartupError(e.what());
+    } catch (const TrainingDiverged& e) {  // likewise: the loss and norm are the same on every rank
       throw StartupError(e.what());
     }
     return 0;
   }
   // eval --load DIR (or checkpoint.dir) evaluates the checkpoint's weights, loaded into this layout; an
-  // explicit --load that finds nothing is an error.
-  if (!cfg.checkpoint.load.empty() || !cfg.checkpoint.dir.empty()) {
+  // explicit --load that finds nothing is an error, and so is a checkpoint.dir without a checkpoint.
+  // --random-init loads nothing and evaluates the initial weights of training.seed.
+  if (random_init) {
+    if (rank == 0)
+      spdlog::warn("eval --random-init: NO CHECKPOINT IS LOADED{}; evaluating the RANDOMLY INITIALISED weights of "
+                   "training.seed {}: this loss is that of an untrained model",
+                   cfg.checkpoint.dir.empty() ? "" : " (checkpoint.dir " + cfg.checkpoint.dir + " is ignored)",
+                   cfg.training.seed);
+  } else {
     try {
-      if (!trainer.resume() && rank == 0)
-        spdlog::warn("no checkpoint in {}: evaluating the initial weights", cfg.checkpoint.dir);
+      if (!trainer.resume())
+        throw StartupError("eval: no checkpoint in checkpoint.dir " + cfg.checkpoint.dir +
+                           " (and checkpoint.load is empty); " + use_flags);
     } catch (const CheckpointError& e) {
       throw StartupError(e.what());
     }

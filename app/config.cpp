@@ -15,7 +15,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include "app/config.h"
+#include "app/config_paths.h"
 #include "app/config_schema.h"
+#include "app/config_sizes.h"
 
 namespace gpt {
 namespace {
@@ -243,6 +245,13 @@ void validate_config(const Config& c) {
     require(value >= 0 && value < 1, fmt::format("{} must be in [0, 1), got {}", key, value));
   };
 
+  // Every float key is finite (the YAML .inf/.nan and the plain inf/nan spellings all parse as floats).
+  for (const ConfigKey& key : config_keys()) {
+    const ConfigField field = key.field(const_cast<Config&>(c));
+    if (const double* const* value = std::get_if<double*>(&field))
+      require(std::isfinite(**value), fmt::format("{} must be a finite number, got {}", key.path, **value));
+  }
+
   // Keys with a fixed set of values, straight from the key table.
   for (const ConfigKey& key : config_keys()) {
     if (key.choices.empty()) continue;
@@ -281,6 +290,8 @@ void validate_config(const Config& c) {
   at_least("training.train_iters", t.train_iters, 1);
   at_least("training.threads", t.threads, 0);
   non_negative("training.step_timeout_s", t.step_timeout_s);
+  non_negative("training.startup_timeout_s", t.startup_timeout_s);
+  at_least("training.max_nonfinite_steps", t.max_nonfinite_steps, 0);
   non_negative("training.exit_duration_mins", t.exit_duration_mins);
   at_least("training.exit_interval", t.exit_interval, 0);
 
@@ -305,6 +316,7 @@ void validate_config(const Config& c) {
 
   at_least("checkpoint.save_interval", c.checkpoint.save_interval, 0);
   at_least("checkpoint.keep_last", c.checkpoint.keep_last, 0);
+  non_negative("checkpoint.lock_stale_s", c.checkpoint.lock_stale_s);
   require(!c.checkpoint.finetune || !c.checkpoint.load.empty(),
           "checkpoint.finetune is true but checkpoint.load is empty: name the checkpoint to fine-tune from");
   require(c.checkpoint.save_interval == 0 || !c.checkpoint.dir.empty(),
@@ -313,6 +325,9 @@ void validate_config(const Config& c) {
   at_least("eval.iters", c.eval.iters, c.eval.interval > 0 ? 1 : 0);
   at_least("logging.interval", c.logging.interval, 1);
   non_negative("logging.peak_tflops", c.logging.peak_tflops);
+
+  // Sizes derived from several keys (products that could overflow) before the relations divide by them.
+  check_derived_sizes(c);
 
   // Relations between keys.
   require(m.hidden_size % m.num_heads == 0,
@@ -375,6 +390,7 @@ Config load_config_string(const std::string& yaml, const std::string& source,
   }
   apply_yaml(c, root);
   apply_overrides(c, overrides);
+  resolve_config_paths(c);
   validate_config(c);
   return c;
 }

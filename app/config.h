@@ -39,7 +39,12 @@ struct TrainingConfig {
   int64_t seed = 1234;
   std::string recompute = "none";  // none | selective | full
   int64_t threads = 0;             // 0 = OpenMP default
-  double step_timeout_s = 600;     // watchdog: abort the job when one step takes longer; 0 = off
+  double step_timeout_s = 600;     // watchdog: abort the job when one step (or eval batch) makes no progress; 0 = off
+  double startup_timeout_s = 1800;  // watchdog: start-up (data, model, resume) and checkpoint save/load; 0 = off
+  // Divergence stop (Megatron-LM's --check-for-nan-in-loss-and-grad): stop with an error after this many
+  // consecutive steps with a non-finite loss or gradient (fp16 skips count only once the loss scale is at
+  // its minimum); 0 = never stop.
+  int64_t max_nonfinite_steps = 5;
   int64_t exit_interval = 0;       // stop, with a checkpoint, after an iteration divisible by this; 0 = off
   double exit_duration_mins = 0;   // stop, with a checkpoint, after the first step that ends past this; 0 = off
 };
@@ -76,6 +81,7 @@ struct CheckpointConfig {
   std::string load;
   bool finetune = false;  // take only the weights from `load`: iteration 0, fresh optimizer state
   bool save_optimizer = true;  // false: save weights (and fp32 masters) only, no Adam moments
+  double lock_stale_s = 300;   // a lock from another host not refreshed for this long is stale
 };
 
 struct EvalConfig {
@@ -113,7 +119,8 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Loads `path` (YAML), applies `overrides` ("key.path=value", typed as in YAML), validates. Throws ConfigError.
+// Loads `path` (YAML), applies `overrides` ("key.path=value", typed as in YAML), expands ~ in path keys
+// (app/config_paths.h), validates. Throws ConfigError.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same from an in-memory YAML string (tests); `source` names it in errors.
 Config load_config_string(const std::string& yaml, const std::string& source,

@@ -13,6 +13,9 @@ namespace gpt {
   ConfigKey { #section "." #name, [](Config& c) -> ConfigField { return &c.section.name; }, help, {__VA_ARGS__} }
 #define GPT_TOP_KEY(name, help, ...) \
   ConfigKey { #name, [](Config& c) -> ConfigField { return &c.name; }, help, {__VA_ARGS__} }
+// A key whose value is a path (or, for a list, data spec words that are paths or weights).
+#define GPT_PATH_KEY(section, name, help) \
+  ConfigKey { #section "." #name, [](Config& c) -> ConfigField { return &c.section.name; }, help, {}, true }
 
 const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = {
@@ -42,7 +45,16 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(training, seed, "seed for weight initialisation and data order"),
       GPT_KEY(training, recompute, "activation recomputation", "none", "selective", "full"),
       GPT_KEY(training, threads, "CPU threads per rank; 0 = OpenMP default"),
-      GPT_KEY(training, step_timeout_s, "abort the job (naming the rank) when one step takes longer; 0 = never"),
+      GPT_KEY(training, step_timeout_s,
+              "abort the job, naming the stalled rank, when a training step or an evaluation batch makes no "
+              "progress for this long; 0 = never"),
+      GPT_KEY(training, startup_timeout_s,
+              "abort the job, naming the stalled rank, when start-up (data, model, resume) or a checkpoint save "
+              "or load takes longer; 0 = never"),
+      GPT_KEY(training, max_nonfinite_steps,
+              "stop with an error after this many consecutive steps whose loss or gradients are not finite "
+              "(fp16 overflow skips count only at the minimum loss scale), as Megatron-LM's "
+              "--check-for-nan-in-loss-and-grad; 0 = never"),
       GPT_KEY(training, exit_interval,
               "stop with a checkpoint after an iteration divisible by this (Megatron-LM's --exit-interval); 0 = never"),
       GPT_KEY(training, exit_duration_mins,
@@ -51,7 +63,7 @@ const std::vector<ConfigKey>& config_keys() {
 
       GPT_KEY(optimizer, lr, "peak learning rate"),
       GPT_KEY(optimizer, min_lr, "learning rate at the end of the decay (the floor of inverse-square-root)"),
-      GPT_KEY(optimizer, warmup_iters, "linear warm-up steps"),
+      GPT_KEY(optimizer, warmup_iters, "linear warm-up steps from rate 0 (iteration 1 runs at 0, as in Megatron-LM)"),
       GPT_KEY(optimizer, decay_iters, "iteration at which the decay reaches min_lr; 0 = training.train_iters"),
       GPT_KEY(optimizer, lr_decay_style, "learning-rate decay after warm-up, as Megatron-LM's --lr-decay-style",
               "cosine", "linear", "constant", "inverse-square-root"),
@@ -63,19 +75,22 @@ const std::vector<ConfigKey>& config_keys() {
 
       GPT_KEY(precision, dtype, "compute dtype (master weights stay fp32)", "fp32", "bf16", "fp16"),
 
-      GPT_KEY(data, train, "training token shards (paths or prefixes); empty = synthetic data"),
-      GPT_KEY(data, valid, "validation token shards; empty = split off the training data"),
+      GPT_PATH_KEY(data, train, "training token shards (paths, prefixes or weight/path pairs); empty = synthetic data"),
+      GPT_PATH_KEY(data, valid, "validation token shards; empty = split off the training data"),
       GPT_KEY(data, split, "train,valid,test weights for splitting the training data"),
       GPT_KEY(data, tokenizer, "tokenizer name"),
       GPT_KEY(data, synthetic, "synthetic data kind when data.train is empty", "random", "pattern"),
 
-      GPT_KEY(checkpoint, dir, "directory checkpoints are saved in; empty = no saving"),
+      GPT_PATH_KEY(checkpoint, dir, "directory checkpoints are saved in; empty = no saving"),
       GPT_KEY(checkpoint, save_interval, "save every this many steps; 0 = no periodic saves"),
       GPT_KEY(checkpoint, keep_last, "saved iterations to keep; 0 = keep all"),
-      GPT_KEY(checkpoint, load, "checkpoint directory to resume from; empty = start fresh"),
+      GPT_PATH_KEY(checkpoint, load, "checkpoint directory to resume from; empty = start fresh"),
       GPT_KEY(checkpoint, save_optimizer,
               "save the Adam moments; false = weights and fp32 master weights only, a third of the size, for "
               "release or evaluation (Megatron-LM's --no-save-optim); resuming such a checkpoint restarts the moments"),
+      GPT_KEY(checkpoint, lock_stale_s,
+              "the run holds checkpoint.dir/gpt-train.lock; a lock of another host not refreshed for this many "
+              "seconds is stale and taken over (on the same host: when its process is gone)"),
       GPT_KEY(checkpoint, finetune,
               "take only the weights from checkpoint.load and start at iteration 0 with fresh optimizer state, "
               "loss scale and data order (Megatron-LM's --finetune); a restart resumes checkpoint.dir as usual"),
@@ -84,17 +99,18 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(eval, iters, "batches per evaluation"),
 
       GPT_KEY(logging, interval, "log every this many steps"),
-      GPT_KEY(logging, metrics_file, "JSON-lines metrics file; empty = none"),
+      GPT_PATH_KEY(logging, metrics_file, "JSON-lines metrics file; empty = none"),
       GPT_KEY(logging, level, "log level", "trace", "debug", "info", "warn", "error", "critical", "off"),
       GPT_KEY(logging, all_ranks, "every rank logs, not only rank 0"),
       GPT_KEY(logging, peak_tflops, "peak TFLOP/s per device for MFU; 0 = MFU not reported"),
-      GPT_KEY(logging, hardware, "hardware for the start-up layout check: a100-80g, h100-80g, h200 or a file; empty = h100-80g on cuda, none on cpu"),
+      GPT_PATH_KEY(logging, hardware, "hardware for the start-up layout check: a100-80g, h100-80g, h200 or a file; empty = h100-80g on cuda, none on cpu"),
   };
   return keys;
 }
 
 #undef GPT_KEY
 #undef GPT_TOP_KEY
+#undef GPT_PATH_KEY
 
 const ConfigKey* find_config_key(std::string_view path) {
   for (const ConfigKey& key : config_keys()) {

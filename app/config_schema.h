@@ -1,7 +1,8 @@
 // The single table of config keys: for every key its dotted path, the Config field it lives in (whose C++
 // type decides how the YAML value is typed), a one-line help text and, for string keys that name one of
-// a fixed set of values, the allowed choices. Parsing, --set overrides, type errors, the choice checks
-// in validate_config and dump_config all walk this table, so adding a key is one line here.
+// a fixed set of values, the allowed choices, and whether the value is a path (~ is expanded on load).
+// Parsing, --set overrides, type errors, the choice checks in validate_config, path expansion and
+// dump_config all walk this table, so adding a key is one line here.
 #pragma once
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@ struct ConfigKey {
   ConfigField (*field)(Config&);    // the field this key reads and writes
   const char* help;                 // one line, shown by dump_config(c, true)
   std::vector<std::string_view> choices = {};  // non-empty: the only values a string key may take
+  bool is_path = false;  // a file or directory (list: data spec words): a leading ~ is expanded on load
 };
 
 // Every key in dump order.

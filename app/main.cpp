@@ -50,7 +50,10 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  MPI_Init(&argc, &argv);
+  // Threads: the watchdog's census talks MPI from its own thread while the main thread may be blocked in
+  // a collective. Without MPI_THREAD_MULTIPLE the watchdog still works, without the census.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const int rank = world_rank();
   int rc = 0;
   try {

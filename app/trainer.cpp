@@ -77,7 +77,7 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
 
 Trainer::~Trainer() = default;
 
-std::unique_ptr<SampleSource> Trainer::make_source(const std::string& split) const {
+std::unique_ptr<SampleSource> make_sample_source(const Config& cfg_, const std::string& split) {
   const uint64_t seed = static_cast<uint64_t>(cfg_.training.seed);
   if (cfg_.data.train.empty() && cfg_.data.valid.empty()) {
     // Synthetic: a different stream per split (the pattern is the same for all).
@@ -92,6 +92,10 @@ std::unique_ptr<SampleSource> Trainer::make_source(const std::string& split) con
                       " split needs data.train");
   return make_shard_source(cfg_.data.train, split, cfg_.data.split, cfg_.model.seq_length, seed, cfg_.data.tokenizer,
                            cfg_.model.vocab_size);
+}
+
+std::unique_ptr<SampleSource> Trainer::make_source(const std::string& split) const {
+  return make_sample_source(cfg_, split);
 }
 
 std::vector<ModelChunk*> Trainer::chunks() {
@@ -120,7 +124,9 @@ StepStats Trainer::step() {
   optimizer_->reduce_gradients();
   s.iteration = ++iteration_;
   s.grad_norm = optimizer_->grad_norm(num_global_params(spec_.num_layers)) / s.loss_scale;
-  s.lr = lr_.at(iteration_);
+  // Megatron's position in the schedule: the steps applied so far (skipped ones do not count), so
+  // iteration 1 runs at the schedule's start; a checkpoint restores it with Adam's step count.
+  s.lr = lr_.at(optimizer_->adam().steps_taken());
   // An Inf/NaN anywhere in the gradients shows in the norm, identically on every rank.
   const bool overflow = !std::isfinite(s.grad_norm);
   if (scaler_.update(overflow)) {
@@ -153,15 +159,13 @@ std::vector<StepStats> Trainer::train() {
     double comm_s0[3];
     int64_t comm_b0[3];
     for (int g = 0; g < 3; ++g) comm_s0[g] = groups[g]->seconds_spent(), comm_b0[g] = groups[g]->bytes_moved();
-    StepStats s;
-    StopAgreement stop;  // agreed over the world, so every rank leaves after the same step
-    {
-      WatchdogScope watch("iteration " + std::to_string(iteration_ + 1));
-      s = step();
-      const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
-      const double limit = cfg_.training.exit_duration_mins;
-      stop = agree_on_stop(*ps_.world, limit > 0 && minutes > limit);
-    }
+    // The whole iteration is timed (step, logging); evaluation batches and checkpoint I/O time themselves.
+    WatchdogScope watch("iteration " + std::to_string(iteration_ + 1));
+    StepStats s = step();
+    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
+    const double limit = cfg_.training.exit_duration_mins;
+    // Agreed over the world, so every rank leaves after the same step.
+    const StopAgreement stop = agree_on_stop(*ps_.world, limit > 0 && minutes > limit);
     // Why the loop ends early, if it does: a signal, the run-time limit, or the exit interval.
     std::string stop_reason;
     if (stop.signal) stop_reason = "stop requested (" + signal_name(stop.signal) + ")";
@@ -181,12 +185,20 @@ std::vector<StepStats> Trainer::train() {
     }
     if (s.skipped && ps_.rank == 0)
       spdlog::warn("iteration {}: gradients overflowed (loss scale {}), step skipped", s.iteration, s.loss_scale);
-    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters || !stop_reason.empty())
+    const bool diverged = count_nonfinite(s);
+    if (s.iteration % cfg_.logging.interval == 0 || s.iteration == cfg_.training.train_iters || !stop_reason.empty() ||
+        diverged)
       log_interval(s);
+    if (diverged) throw_diverged(s);
     if (cfg_.eval.interval > 0 && s.iteration % cfg_.eval.interval == 0) evaluate_and_log("valid", cfg_.eval.iters);
     if (cfg_.checkpoint.save_interval > 0 && s.iteration % cfg_.checkpoint.save_interval == 0) {
-      save_checkpoint();
-      saved_at = s.iteration;
+      if (nonfinite_streak_ == 0) {
+        save_checkpoint();
+        saved_at = s.iteration;
+      } else if (ps_.rank == 0) {
+        spdlog::warn("iteration {}: checkpoint not saved: the last {} step(s) had a non-finite loss or gradients",
+                     s.iteration, nonfinite_streak_);
+      }
     }
     if (!stop_reason.empty()) {  // checkpoint below and return
       if (ps_.rank == 0)
@@ -196,9 +208,35 @@ std::vector<StepStats> Trainer::train() {
       break;
     }
   }
-  // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved).
-  if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) save_checkpoint();
+  // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved),
+  // unless its steps were not finite: the previous checkpoint is then the one to keep.
+  if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) {
+    if (nonfinite_streak_ == 0) save_checkpoint();
+    else if (ps_.rank == 0)
+      spdlog::warn("final checkpoint not saved: the last {} step(s) had a non-finite loss or gradients",
+                   nonfinite_streak_);
+  }
   return all;
+}
+
+bool Trainer::count_nonfinite(const StepStats& s) {
+  // fp16's dynamic scaler skips overflowing steps while it backs off; only a skip at the minimum scale,
+  // where backing off is over, counts. Every rank sees the same loss and norm, so all decide alike.
+  const bool counts = scaler_.dynamic()
+                          ? (s.skipped && s.loss_scale <= scaler_.min_scale()) || (!s.skipped && !std::isfinite(s.loss))
+                          : s.skipped || !std::isfinite(s.loss);
+  nonfinite_streak_ = counts ? nonfinite_streak_ + 1 : 0;
+  return cfg_.training.max_nonfinite_steps > 0 && nonfinite_streak_ >= cfg_.training.max_nonfinite_steps;
+}
+
+void Trainer::throw_diverged(const StepStats& s) {
+  throw TrainingDiverged(fmt::format(
+      "training diverged: {} consecutive steps (iterations {} to {}) had a non-finite loss or gradient norm (last: loss "
+      "{}, grad norm {}, lr {:.6g}); stopping without saving, so the last checkpoint{} stays the newest. Resume from it "
+      "with a lower optimizer.lr or other changes; training.max_nonfinite_steps ({}) sets how many such steps stop "
+      "the run (0: never)",
+      nonfinite_streak_, s.iteration - nonfinite_streak_ + 1, s.iteration, s.loss, s.grad_norm, s.lr,
+      cfg_.checkpoint.dir.empty() ? "" : " in " + cfg_.checkpoint.dir, cfg_.training.max_nonfinite_steps));
 }
 
 void Trainer::log_interval(const StepStats& last) {
@@ -249,6 +287,7 @@ double Trainer::evaluate(const SampleSource& source, int64_t iters) {
   auto chunk_list = chunks();
   double loss_sum = 0;
   for (int64_t i = 0; i < iters; ++i) {
+    WatchdogScope watch(fmt::format("evaluation batch {} of {} at iteration {}", i + 1, iters, iteration_));
     double l = run_pipeline_eval(ps_, ctx, chunk_list, loader, i * cfg_.training.global_batch_size);
     loss_sum += (ps_.is_last_stage() && ps_.tp_rank() == 0) ? l : 0.0;
   }
@@ -257,7 +296,12 @@ double Trainer::evaluate(const SampleSource& source, int64_t iters) {
 }
 
 double Trainer::evaluate_and_log(const std::string& split, int64_t iters) {
-  auto source = make_source(split);
+  std::unique_ptr<SampleSource> source;
+  {
+    WatchdogScope watch("opening the " + split + " data", WatchdogScope::kStartup);
+    source = make_source(split);
+  }
+  WatchdogScope watch("evaluation of the " + split + " split at iteration " + std::to_string(iteration_));
   double loss = evaluate(*source, iters);
   if (ps_.rank == 0) {
     spdlog::info(" {} at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.6E} |", split, iteration_, loss,

@@ -5,6 +5,7 @@
 #pragma once
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,16 @@ namespace gpt {
 class MetricsWriter;
 class DataParallelOptimizer;
 
+// The run stopped because too many consecutive steps were not finite (training.max_nonfinite_steps);
+// raised alike on every rank.
+struct TrainingDiverged : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct StepStats {
   int64_t iteration = 0;
-  double loss = 0, grad_norm = 0, lr = 0, loss_scale = 1;
+  double loss = 0, grad_norm = 0, loss_scale = 1;
+  double lr = 0;  // the rate this step applied (a skipped step: the one it would have applied)
   bool skipped = false;  // gradients overflowed: the weights were not updated
   double seconds = 0;
 };
@@ -66,6 +74,9 @@ class Trainer {
 
  private:
   void log_interval(const StepStats& last);
+  // Counts `s` towards training.max_nonfinite_steps; true when the run must stop.
+  bool count_nonfinite(const StepStats& s);
+  [[noreturn]] void throw_diverged(const StepStats& s);
 
   Config cfg_;
   ParallelState& ps_;
@@ -77,6 +88,8 @@ class Trainer {
   LossScaler scaler_ = LossScaler::constant();
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;
+  std::string lineage_parent_;     // the checkpoint of checkpoint.dir this run continues: resumed or last saved
+  int64_t nonfinite_streak_ = 0;   // consecutive steps that count towards training.max_nonfinite_steps
   bool resume_attempted_ = false;  // train() auto-resumes once, unless resume() was called already
   std::string resumed_without_moments_;  // the checkpoint loaded, when it held no Adam moments
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for exit_duration_mins
@@ -91,5 +104,9 @@ class Trainer {
 };
 
 ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank);
+
+// The samples of a split: "train", "valid" or "test" of data.train (data.valid replaces "valid"), or
+// synthetic data when no shards are configured.
+std::unique_ptr<SampleSource> make_sample_source(const Config& cfg, const std::string& split);
 
 }  // namespace gpt

@@ -1,11 +1,15 @@
 // The trainer's side of checkpointing: describes this rank's model to the distributed checkpoint
 // (parallel/checkpoint.h), and restores the scalars that make a resumed run continue exactly where the
 // saved one stopped. Initialisation is counter-based and the data order depends only on the consumed
-// samples, so weights, master weights, Adam moments and step count, the iteration (which fixes the LR
-// schedule), consumed samples and the loss-scaler state are the whole training state.
+// samples, so weights, master weights, Adam moments and step count (which fixes the LR schedule: skipped
+// steps do not advance it), the iteration, consumed samples and the loss-scaler state are the whole
+// training state.
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <optional>
+
+#include "app/watchdog.h"
 
 #include "app/trainer.h"
 #include "parallel/checkpoint.h"
@@ -42,19 +46,24 @@ CheckpointModel checkpoint_model(Trainer& t) {
 void Trainer::save_checkpoint() {
   if (cfg_.checkpoint.dir.empty())
     throw ConfigError("config " + cfg_.source + ": checkpoint.dir is empty, so there is nowhere to save a checkpoint");
-  CheckpointProgress progress{iteration_, consumed_, optimizer_->adam().steps_taken(), cfg_.training.seed,
-                              scaler_.dynamic(), scaler_.state()};
+  CheckpointProgress progress{iteration_,       consumed_,       optimizer_->adam().steps_taken(), cfg_.training.seed,
+                              scaler_.dynamic(), scaler_.state(), lineage_parent_};
+  WatchdogScope watch("saving the checkpoint of iteration " + std::to_string(iteration_), WatchdogScope::kStartup);
   CheckpointSaveReport r =
       save_distributed_checkpoint(cfg_.checkpoint.dir, checkpoint_model(*this), progress, cfg_.checkpoint.keep_last);
-  if (ps_.rank == 0)
+  lineage_parent_ = std::filesystem::path(r.path).filename().string();
+  if (ps_.rank == 0) {
     spdlog::info("saved checkpoint {} at iteration {}: {} bytes in {:.3f} s ({:.1f} MB/s)", r.path, iteration_,
                  r.bytes, r.seconds, r.bytes / 1e6 / std::max(r.seconds, 1e-9));
+    for (const std::string& note : r.notes) spdlog::info("checkpoint {}: {}", cfg_.checkpoint.dir, note);
+  }
 }
 
 bool Trainer::resume() {
   resume_attempted_ = true;
   if (cfg_.checkpoint.dir.empty() && cfg_.checkpoint.load.empty()) return false;
   CheckpointModel model = checkpoint_model(*this);
+  WatchdogScope watch("loading a checkpoint", WatchdogScope::kStartup);
   // The run's own checkpoints come first: a restart after a failure continues from its latest save even
   // when checkpoint.load names where the run started (a pretrained model, say). checkpoint.load must
   // then hold a checkpoint.
@@ -64,10 +73,14 @@ bool Trainer::resume() {
     spdlog::info("checkpoint.dir {} has a checkpoint: resuming it rather than checkpoint.load {}",
                  cfg_.checkpoint.dir, cfg_.checkpoint.load);
   const bool finetune = !r && cfg_.checkpoint.finetune;
+  // The lineage this run continues, for pruning: a checkpoint of checkpoint.dir (saves elsewhere start a
+  // new one).
+  if (r) lineage_parent_ = std::filesystem::path(r->path).filename().string();
   if (!r && !cfg_.checkpoint.load.empty()) {
     model.load_optimizer_state = !finetune;  // fine-tuning: the moments start at zero
     r = load_distributed_checkpoint(cfg_.checkpoint.load, true, model);
   }
+  if (r && !r->note.empty() && ps_.rank == 0) spdlog::warn("{}", r->note);
   if (!r) {
     if (ps_.rank == 0) spdlog::info("no checkpoint in {}: starting from iteration 0", cfg_.checkpoint.dir);
     return false;

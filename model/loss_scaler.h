@@ -19,6 +19,7 @@ class LossScaler {
 
   double scale() const { return state_.scale; }
   bool dynamic() const { return dynamic_; }
+  double min_scale() const { return min_scale_; }
   // Records the outcome of a step; returns true when the step's gradients may be applied.
   bool update(bool found_overflow);
   const State& state() const { return state_; }

@@ -4,9 +4,12 @@
 #include "parallel/checkpoint.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
+
+#include "parallel/host_messages.h"
 
 namespace gpt {
 
@@ -14,50 +17,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// ---- text over a communicator (host memory; the world group is MPI or a group of one) ----
-
-Tensor host_words(size_t bytes) {
-  const int64_t words = std::max<int64_t>(1, static_cast<int64_t>((bytes + 3) / 4));
-  auto storage = std::make_shared<Storage>();
-  storage->ptr = ::operator new(static_cast<size_t>(words) * 4);
-  std::memset(storage->ptr, 0, static_cast<size_t>(words) * 4);
-  storage->bytes = static_cast<size_t>(words) * 4;
-  storage->device = Device::CPU;
-  storage->deleter = [](void* p, size_t) { ::operator delete(p); };
-  return Tensor(storage, 0, {words}, DType::I32);
-}
-
-std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& s) {
-  const int n = comm.size();
-  std::vector<double> lengths(n, 0.0);
-  lengths[comm.rank()] = static_cast<double>(s.size());
-  comm.all_reduce_host(lengths.data(), n);
-  size_t longest = 0;
-  for (double l : lengths) longest = std::max(longest, static_cast<size_t>(l));
-  Tensor in = host_words(longest);
-  std::memcpy(in.raw(), s.data(), s.size());
-  Tensor out = host_words(static_cast<size_t>(in.numel()) * 4 * n);
-  comm.all_gather(in, out);
-  std::vector<std::string> all(n);
-  for (int r = 0; r < n; ++r)
-    all[r].assign(static_cast<const char*>(out.raw()) + size_t(r) * in.numel() * 4, static_cast<size_t>(lengths[r]));
-  return all;
-}
-
-std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
-  double length = comm.rank() == root ? static_cast<double>(s.size()) : 0.0;
-  comm.all_reduce_host(&length, 1);
-  Tensor t = host_words(static_cast<size_t>(length));
-  if (comm.rank() == root) std::memcpy(t.raw(), s.data(), s.size());
-  comm.broadcast(t, root);
-  return std::string(static_cast<const char*>(t.raw()), static_cast<size_t>(length));
-}
-
 // Every rank passes its own error ("" when fine); all throw the lowest failing rank's message, or none.
-void agree(Communicator& comm, const std::string& error) {
-  for (const std::string& e : all_gather_strings(comm, error))
-    if (!e.empty()) throw CheckpointError(e);
-}
+void agree(Communicator& comm, const std::string& error) { agree_or_throw<CheckpointError>(comm, error); }
 
 std::string rank_prefix(const Communicator& comm) {
   return comm.size() > 1 ? fmt::format("rank {}: ", comm.rank()) : std::string();
@@ -86,6 +47,13 @@ StoredFile write_rank_file(const std::string& path, const CheckpointModel& m, in
       be.download(t, host.data());
       values = host.data();
     }
+    // Diverged weights are never saved: the checkpoint they would replace or prune is the good one.
+    if (std::strcmp(kind, "model") == 0 || std::strcmp(kind, "master") == 0)
+      for (int64_t i = 0; i < end - begin; ++i)
+        if (!std::isfinite(values[i]))
+          throw CheckpointError(fmt::format("tensor {} ({}) holds a non-finite value ({}) at local element {}: the "
+                                            "weights diverged, and a checkpoint of them is refused",
+                                            p.name, kind, values[i], begin + i));
     writer->write(kind, p.name, p.global_shape, p.shard, begin, end, values, t.dtype());
   };
   for (OptimizerSegment& s : m.optimizer->adam().segments()) {
@@ -164,6 +132,52 @@ void load_tensors(const std::string& dir, const CheckpointMeta& meta, const Chec
   bytes = reader.bytes_read();
 }
 
+// Reads every piece of a checkpoint once, checking each against the CRC-32 in the index.
+void verify_checkpoint_data(const std::string& dir, const CheckpointMeta& meta) {
+  CheckpointReader reader(dir, meta);
+  std::vector<float> buffer;
+  for (const StoredFile& f : meta.files)
+    for (const StoredPiece& p : f.pieces) {
+      auto shape = meta.tensors.find(p.name);
+      if (shape == meta.tensors.end())
+        throw CheckpointError(fmt::format("checkpoint {}: {} holds a piece of {}, which the index's tensors lack", dir,
+                                          f.file, p.name));
+      buffer.resize(static_cast<size_t>(p.end - p.begin));
+      reader.read(p.kind, p.name, shape->second, p.shard, p.begin, p.end, buffer.data());
+    }
+}
+
+// With no `latest` pointer: the newest complete checkpoint in `dir` whose index, rank files and
+// checksums all verify (the pointer is lost when, say, the disk filled while it was rewritten). `note`
+// says what happened, for the log. Empty when there is no complete checkpoint at all; an error when there
+// are some but none verifies.
+std::string newest_verified_checkpoint(const std::string& dir, const CheckpointModel& m, std::string& note) {
+  std::vector<std::string> rejected;
+  for (const std::string& candidate : complete_checkpoints(dir)) {
+    try {
+      const std::string index = (fs::path(candidate) / kMetadataFile).string();
+      const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(index), index);
+      if (iteration_dir_name(meta.iteration) != fs::path(candidate).filename().string())
+        throw CheckpointError(fmt::format("its index says iteration {}", meta.iteration));
+      validate_checkpoint(candidate, meta, m);
+      verify_checkpoint_data(candidate, meta);
+      note = fmt::format("{}/{} is missing: resuming from the newest complete checkpoint, {} (index, rank files and "
+                         "checksums verified)",
+                         dir, kLatestFile, fs::path(candidate).filename().string());
+      for (const std::string& r : rejected) note += "; skipped " + r;
+      return candidate;
+    } catch (const std::exception& e) {
+      rejected.push_back(fs::path(candidate).filename().string() + " (" + e.what() + ")");
+      if (rejected.size() >= 8) break;  // enough to act on; older ones are not read
+    }
+  }
+  if (rejected.empty()) return "";
+  std::string list;
+  for (const std::string& r : rejected) list += "\n  " + r;
+  throw CheckpointError(fmt::format("{}/{} is missing and no complete checkpoint in {} verifies:{}", dir, kLatestFile,
+                                    dir, list));
+}
+
 }  // namespace
 
 CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& m,
@@ -199,10 +213,12 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
 
   // 3. Rank 0 commits: metadata, directory rename, then the `latest` pointer.
   int64_t bytes = 0;
+  std::vector<std::string> notes;
   if (world.rank() == 0) {
     try {
       CheckpointMeta meta;
       meta.iteration = progress.iteration;
+      meta.parent = progress.parent;
       meta.consumed_samples = progress.consumed_samples;
       meta.optimizer_steps = progress.optimizer_steps;
       meta.rng_seed = progress.rng_seed;
@@ -223,7 +239,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
         for (const StoredPiece& p : meta.files.back().pieces) meta.master_weights |= p.kind == "master";
       }
       bytes += static_cast<int64_t>(checkpoint_meta_to_yaml(meta).size());
-      commit_checkpoint_dir(dir, meta, keep_last);
+      commit_checkpoint_dir(dir, meta, keep_last, &notes);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -231,7 +247,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
   agree(world, error);
   double total = static_cast<double>(bytes);
   world.all_reduce_host(&total, 1);
-  return {final_dir.string(), static_cast<int64_t>(total), seconds_since(t0)};
+  return {final_dir.string(), static_cast<int64_t>(total), seconds_since(t0), notes};
 }
 
 void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m) {
@@ -270,11 +286,16 @@ std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::strin
                                                                 const CheckpointModel& m) {
   const auto t0 = std::chrono::steady_clock::now();
   Communicator& world = *m.ps->world;
-  // Rank 0 decides for everyone: 'N' nothing to load, 'E' + error, 'O' + directory + '\n' + index text.
+  // Rank 0 decides for everyone: 'N' nothing to load, 'E' + error, 'O' + directory + '\n' + note + '\n' +
+  // index text.
   std::string message;
   if (world.rank() == 0) {
     try {
-      const std::string dir = resolve_checkpoint(path);
+      std::string dir = resolve_checkpoint(path), note;
+      if (dir.empty()) {
+        std::error_code ec;
+        if (fs::is_directory(path, ec)) dir = newest_verified_checkpoint(path, m, note);
+      }
       if (dir.empty()) {
         if (required)
           throw CheckpointError("checkpoint " + path + ": nothing to load (no metadata.yaml and no latest pointer)");
@@ -283,7 +304,7 @@ std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::strin
         const std::string index = (fs::path(dir) / kMetadataFile).string();
         const std::string text = read_text_file(index);
         validate_checkpoint(dir, checkpoint_meta_from_yaml(text, index), m);
-        message = "O" + dir + "\n" + text;
+        message = "O" + dir + "\n" + note + "\n" + text;
       }
     } catch (const std::exception& e) {
       message = std::string("E") + e.what();
@@ -294,9 +315,10 @@ std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::strin
   if (message[0] == 'N') return std::nullopt;
 
   CheckpointLoadReport report;
-  const size_t newline = message.find('\n');
+  const size_t newline = message.find('\n'), second = message.find('\n', newline + 1);
   report.path = message.substr(1, newline - 1);
-  report.meta = checkpoint_meta_from_yaml(message.substr(newline + 1), report.path + "/" + kMetadataFile);
+  report.note = message.substr(newline + 1, second - newline - 1);
+  report.meta = checkpoint_meta_from_yaml(message.substr(second + 1), report.path + "/" + kMetadataFile);
   std::string error;
   int64_t bytes = 0;
   try {

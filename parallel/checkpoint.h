@@ -52,27 +52,32 @@ struct CheckpointProgress {
   int64_t rng_seed = 0;  // training.seed: with the consumed samples, the whole random state
   bool loss_scaler_dynamic = false;
   LossScaler::State loss_scaler;
+  std::string parent;  // CheckpointMeta::parent: the previous checkpoint of this lineage in the same directory
 };
 
 struct CheckpointSaveReport {
   std::string path;     // the complete iteration directory
   int64_t bytes = 0;    // all rank files plus the metadata
   double seconds = 0;
+  std::vector<std::string> notes;  // rank 0: directories set aside or pruned, for the log
 };
 
-// Collective over ps->world. Writes checkpoint.dir/iter_NNNNNNN and moves `latest`; prunes to keep_last.
+// Collective over ps->world. Refuses (CheckpointError) to save model or master weights that are not
+// finite. Writes checkpoint.dir/iter_NNNNNNN and moves `latest`; prunes to keep_last.
 // Throws CheckpointError identically on every rank when any rank fails.
 CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& model,
                                                  const CheckpointProgress& progress, int64_t keep_last);
 
 struct CheckpointLoadReport {
   std::string path;  // the iteration directory that was loaded
+  std::string note;  // for the log: why this one (e.g. `latest` was missing); empty normally
   CheckpointMeta meta;
   int64_t bytes_read = 0;  // stored bytes read by all ranks together
   double seconds = 0;
 };
 
-// Collective over ps->world. `path` is an iteration directory or a directory with a `latest` pointer.
+// Collective over ps->world. `path` is an iteration directory or a directory with a `latest` pointer (or,
+// when that pointer is missing, complete iteration directories: the newest that verifies is loaded).
 // Returns nullopt when there is nothing to load and `required` is false; otherwise loads every tensor into
 // this rank's chunks and optimizer segments (the caller applies the progress in report.meta). Throws
 // CheckpointError identically on every rank on any mismatch or damage.

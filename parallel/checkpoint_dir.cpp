@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -58,6 +59,41 @@ std::string read_text_file(const std::string& path) {
   return s.str();
 }
 
+namespace {
+
+const std::regex& complete_name() {
+  static const std::regex re("iter_([0-9]+)");
+  return re;
+}
+
+std::string trimmed(std::string text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  return text;
+}
+
+// The `parent` of a complete checkpoint, read from its index ("" when absent or unreadable).
+std::string parent_of(const fs::path& checkpoint) {
+  try {
+    const std::string path = (checkpoint / kMetadataFile).string();
+    return checkpoint_meta_from_yaml(read_text_file(path), path).parent;
+  } catch (const std::exception&) {
+    return "";  // a damaged index ends the walk: nothing beyond it is deleted
+  }
+}
+
+}  // namespace
+
+std::string printable(const std::string& text, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && out.size() < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  if (out.size() >= max && text.size() > max) out += "...";
+  return out;
+}
+
 std::string resolve_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) {
@@ -67,56 +103,77 @@ std::string resolve_checkpoint(const std::string& path) {
   if (fs::exists(fs::path(path) / kMetadataFile, ec)) return path;
   const fs::path latest = fs::path(path) / kLatestFile;
   if (!fs::exists(latest, ec)) return "";
-  std::string name = read_text_file(latest.string());
-  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.')
-    throw CheckpointError(latest.string() + " does not name a checkpoint directory (it holds '" + name + "')");
+  const std::string name = trimmed(read_text_file(latest.string()));
+  if (!std::regex_match(name, complete_name()))
+    throw CheckpointError(latest.string() + " does not name a complete checkpoint directory iter_NNNNNNN (it holds '" +
+                          printable(name) + "'); staging directories (.tmp) are never loaded. Write the name of a "
+                          "complete iter_* directory into it, or delete it to resume from the newest complete one");
   const fs::path target = fs::path(path) / name;
-  // A save that replaced an existing iteration and stopped between its two renames left the old copy
-  // set aside; it is complete, and it is what `latest` meant.
-  const fs::path set_aside = fs::path(path) / (name + ".replaced");
-  if (!fs::exists(target / kMetadataFile, ec) && fs::exists(set_aside / kMetadataFile, ec)) return set_aside.string();
   if (!fs::exists(target / kMetadataFile, ec))
     throw CheckpointError(latest.string() + " names " + name + ", but " + target.string() +
                           " has no metadata.yaml: it was deleted or is incomplete");
   return target.string();
 }
 
-void prune_checkpoints(const std::string& dir, int64_t keep_last) {
-  static const std::regex complete("iter_([0-9]+)");
-  static const std::regex leftover("iter_[0-9]+\\.(tmp|replaced)");
+std::vector<std::string> complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
-  std::string latest;
-  if (fs::exists(fs::path(dir) / kLatestFile, ec)) {
-    latest = read_text_file((fs::path(dir) / kLatestFile).string());
-    while (!latest.empty() && std::isspace(static_cast<unsigned char>(latest.back()))) latest.pop_back();
-  }
-  std::vector<std::pair<int64_t, fs::path>> saved;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (!entry.is_directory()) continue;
     const std::string name = entry.path().filename().string();
     std::smatch m;
-    if (std::regex_match(name, leftover)) {
+    if (entry.is_directory(ec) && std::regex_match(name, m, complete_name()) &&
+        fs::exists(entry.path() / kMetadataFile, ec))
+      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+void remove_interrupted_saves(const std::string& dir) {
+  static const std::regex staging("iter_[0-9]+\\.tmp");
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_directory() && std::regex_match(entry.path().filename().string(), staging))
       fs::remove_all(entry.path(), ec);
-    } else if (std::regex_match(name, m, complete) && fs::exists(entry.path() / kMetadataFile)) {
-      saved.emplace_back(std::stoll(m[1].str()), entry.path());
-    }
-  }
   if (ec) throw CheckpointError("cannot list checkpoint directory " + dir + ": " + ec.message());
-  if (keep_last <= 0) return;
-  std::sort(saved.begin(), saved.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = static_cast<size_t>(keep_last); i < saved.size(); ++i) {
-    if (saved[i].second.filename().string() == latest) continue;
-    fs::remove_all(saved[i].second, ec);
-    if (ec) throw CheckpointError("cannot delete old checkpoint " + saved[i].second.string() + ": " + ec.message());
+}
+
+std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last) {
+  std::vector<std::string> deleted;
+  if (keep_last <= 0) return deleted;
+  std::error_code ec;
+  std::string latest;
+  if (fs::exists(fs::path(dir) / kLatestFile, ec)) latest = trimmed(read_text_file((fs::path(dir) / kLatestFile).string()));
+  // Walk the parent links from the newest; iterations strictly decrease along a lineage, which also
+  // rules out cycles in a hand-edited index.
+  std::vector<std::string> chain;
+  int64_t below = std::numeric_limits<int64_t>::max();
+  for (std::string name = newest; !name.empty();) {
+    std::smatch m;
+    if (!std::regex_match(name, m, complete_name())) break;
+    const int64_t it = std::stoll(m[1].str());
+    const fs::path path = fs::path(dir) / name;
+    if (it >= below || !fs::exists(path / kMetadataFile, ec)) break;
+    below = it;
+    chain.push_back(name);
+    name = parent_of(path);
   }
+  for (size_t i = static_cast<size_t>(keep_last); i < chain.size(); ++i) {
+    if (chain[i] == latest) continue;
+    fs::remove_all(fs::path(dir) / chain[i], ec);
+    if (ec) throw CheckpointError("cannot delete old checkpoint " + (fs::path(dir) / chain[i]).string() + ": " + ec.message());
+    deleted.push_back(chain[i]);
+  }
+  return deleted;
 }
 
 std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration) {
   const fs::path tmp = fs::path(dir) / (iteration_dir_name(iteration) + ".tmp");
   try {
     fs::create_directories(dir);
-    prune_checkpoints(dir, 0);
+    remove_interrupted_saves(dir);
     fs::create_directory(tmp);
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": cannot create " + tmp.string() + ": " + e.what());
@@ -124,20 +181,28 @@ std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration) {
   return tmp.string();
 }
 
-std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last) {
+std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last,
+                                  std::vector<std::string>* notes) {
   const std::string name = iteration_dir_name(meta.iteration);
   const fs::path final_dir = fs::path(dir) / name;
   const fs::path tmp = fs::path(dir) / (name + ".tmp");
   try {
     write_file_durably((tmp / kMetadataFile).string(), checkpoint_meta_to_yaml(meta));
     fsync_path(tmp.string());
-    // Saving an iteration that exists already (training again from an earlier checkpoint): set the old
-    // one aside first, as rename cannot replace a non-empty directory.
-    if (fs::exists(final_dir)) fs::rename(final_dir, fs::path(dir) / (name + ".replaced"));
+    // The same iteration saved before by a lineage that was rolled back: keep it, under another name.
+    if (fs::exists(final_dir)) {
+      fs::path aside = fs::path(dir) / (name + ".abandoned");
+      for (int k = 2; fs::exists(aside); ++k) aside = fs::path(dir) / fmt::format("{}.abandoned.{}", name, k);
+      fs::rename(final_dir, aside);
+      if (notes)
+        notes->push_back(fmt::format("{} existed from an abandoned lineage (not this run's): kept as {}", name,
+                                     aside.filename().string()));
+    }
     fs::rename(tmp, final_dir);
     fsync_path(dir);
     write_file_durably((fs::path(dir) / kLatestFile).string(), name + "\n");
-    prune_checkpoints(dir, keep_last);
+    for (const std::string& gone : prune_lineage(dir, name, keep_last))
+      if (notes) notes->push_back("deleted " + gone + " (older than the newest checkpoint.keep_last of this lineage)");
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": committing " + name + ": " + e.what());
   }

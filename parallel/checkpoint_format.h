@@ -83,6 +83,10 @@ struct SavedLayout {
 struct CheckpointMeta {
   int64_t version = 1;
   int64_t iteration = 0, consumed_samples = 0, optimizer_steps = 0;
+  // The checkpoint this one's run continued from: its previous save, or the checkpoint it resumed
+  // (empty: it started fresh, or from a checkpoint outside its directory). Pruning follows these links,
+  // so it only ever deletes this lineage's older checkpoints.
+  std::string parent;
   bool has_optimizer_state = true;  // false for imported weights: moments start at zero
   bool master_weights = false;      // fp32 master copies are stored separately (compute dtype not fp32)
   std::string dtype = "fp32";       // precision.dtype of the run that saved
@@ -173,19 +177,33 @@ void fsync_path(const std::string& path);  // a file or a directory
 std::string read_text_file(const std::string& path);
 
 // The checkpoint directory a load request names: `path` itself when it holds metadata.yaml, else the one
-// its `latest` names (or that one's `.replaced` copy, when a save replacing it stopped half-way). Empty
-// when `path` has neither (or does not exist); throws when `latest` names a directory that is missing or
-// incomplete.
+// its `latest` names. Empty when `path` has neither (or does not exist). Throws when `latest` does not
+// hold the name of a complete `iter_NNNNNNN` directory (a `.tmp` staging directory is never loaded; the
+// message shows the file's text escaped, never raw bytes).
 std::string resolve_checkpoint(const std::string& path);
+// The complete iteration directories in `dir` (`iter_NNNNNNN` holding metadata.yaml), newest first: the
+// candidates when `latest` is missing.
+std::vector<std::string> complete_checkpoints(const std::string& dir);
+// `text` made safe for a message: printable ASCII kept, other bytes as \xNN, cut after `max` characters.
+std::string printable(const std::string& text, size_t max = 80);
+
 // The two ends of the commit protocol, run by one process (rank 0): begin creates a fresh staging
 // directory dir/iter_NNNNNNN.tmp (clearing leftovers of interrupted saves) and returns its path; once
 // every rank file in it is durable, commit writes metadata.yaml into it, fsyncs, renames it to
-// iter_NNNNNNN, moves `latest` to it and prunes to keep_last. Returns the final directory.
+// iter_NNNNNNN, moves `latest` to it and prunes this lineage to keep_last. A complete iter_NNNNNNN
+// already there (left by an abandoned lineage after a rollback) is never overwritten: it is renamed to
+// iter_NNNNNNN.abandoned (then .abandoned.2, ...), which is never loaded or pruned. Returns the final
+// directory; `notes` receives what the caller should log (abandoned and pruned directories).
 std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration);
-std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last);
+std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last,
+                                  std::vector<std::string>* notes = nullptr);
 
-// Deletes complete iteration directories beyond the newest `keep_last` (0 keeps all), never the one
-// `latest` names, and any leftover `iter_*.tmp` / `iter_*.replaced` directory of an interrupted save.
-void prune_checkpoints(const std::string& dir, int64_t keep_last);
+// Deletes, of the lineage that ends at `newest` (that checkpoint and those its `parent` links reach in
+// `dir`), every checkpoint beyond the newest `keep_last` (0 keeps all), never the one `latest` names.
+// Checkpoints outside the lineage (an abandoned branch, another run's) are never touched. Returns the
+// names deleted.
+std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last);
+// Removes leftover `iter_*.tmp` staging directories of interrupted saves.
+void remove_interrupted_saves(const std::string& dir);
 
 }  // namespace gpt

@@ -5,6 +5,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
 #include <fmt/format.h>
 
 #include "parallel/checkpoint_format.h"
@@ -126,17 +129,30 @@ struct Reader {
       throw CheckpointError(source + ": key '" + join(path, key) + "' has an invalid value");
     }
   }
-  Shape shape(const YAML::Node& n, const std::string& what, bool allow_negative = false) const {
-    if (!n.IsSequence()) throw CheckpointError(source + ": " + what + " is not a list of sizes");
+  [[noreturn]] void out_of_range(const std::string& key, const std::string& value, const std::string& rule) const {
+    throw CheckpointError(source + ": key '" + key + "' is " + value + "; " + rule);
+  }
+  // An integer that must be at least `lo` (and at most `hi`, described as `hi_what` when given).
+  int64_t get_int(const YAML::Node& n, const char* key, const std::string& path, int64_t lo,
+                  int64_t hi = INT64_MAX, const std::string& hi_what = "") const {
+    const int64_t v = get<int64_t>(n, key, path);
+    if (v < lo) out_of_range(join(path, key), std::to_string(v), fmt::format("it must be >= {}", lo));
+    if (v > hi) out_of_range(join(path, key), std::to_string(v), fmt::format("it must be <= {}{}", hi, hi_what));
+    return v;
+  }
+  // A list of integers, each at least `min`.
+  Shape shape(const YAML::Node& n, const std::string& key, int64_t min) const {
+    if (!n.IsSequence()) throw CheckpointError(source + ": key '" + key + "' is not a list of integers");
     Shape s;
     for (const auto& d : n) {
       int64_t v = 0;
       try {
         v = d.as<int64_t>();
       } catch (const YAML::Exception&) {
-        throw CheckpointError(source + ": " + what + " holds a non-integer size");
+        throw CheckpointError(source + ": key '" + key + "' holds a non-integer");
       }
-      if (v < 0 && !allow_negative) throw CheckpointError(source + ": " + what + " holds a negative size");
+      if (v < min)
+        throw CheckpointError(fmt::format("{}: key '{}' holds {}; each value must be >= {}", source, key, v, min));
       s.push_back(v);
     }
     return s;
@@ -147,8 +163,8 @@ struct Reader {
     f.file = get<std::string>(n, "file", path);
     if (f.file.empty() || f.file.find('/') != std::string::npos || f.file[0] == '.')
       throw CheckpointError(source + ": " + path + ".file '" + f.file + "' is not a plain file name");
-    f.rank = get<int>(n, "rank", path);
-    f.bytes = get<int64_t>(n, "bytes", path);
+    f.rank = static_cast<int>(get_int(n, "rank", path, 0, INT32_MAX));
+    f.bytes = get_int(n, "bytes", path, 0);
     YAML::Node pieces = child(n, "pieces", path);
     if (!pieces.IsSequence()) throw CheckpointError(source + ": " + path + ".pieces is not a list");
     for (size_t i = 0; i < pieces.size(); ++i) {
@@ -158,11 +174,13 @@ struct Reader {
       if (p.kind != "model" && p.kind != "master" && p.kind != "adam_m" && p.kind != "adam_v")
         throw CheckpointError(source + ": " + pp + ".kind '" + p.kind + "' is not model, master, adam_m or adam_v");
       p.name = get<std::string>(pieces[i], "name", pp);
-      Shape sh = shape(child(pieces[i], "shard", pp), pp + ".shard", true);  // dim -1: not sharded
-      Shape range = shape(child(pieces[i], "range", pp), pp + ".range");
-      if (sh.size() != 4 || range.size() != 2 || range[0] >= range[1] || sh[0] < -1 || sh[1] < 1 || sh[2] < 1 ||
-          sh[3] < 0 || sh[3] >= sh[2])
-        throw CheckpointError(source + ": " + pp + " has an invalid shard [dim, blocks, parts, part] or range");
+      Shape sh = shape(child(pieces[i], "shard", pp), pp + ".shard", -1);  // dim -1: not sharded
+      if (sh.size() != 4 || sh[1] < 1 || sh[2] < 1 || sh[3] < 0 || sh[3] >= sh[2] || sh[1] > INT32_MAX ||
+          sh[2] > INT32_MAX || sh[0] > INT32_MAX)
+        throw CheckpointError(source + ": key '" + pp + ".shard' is not a valid [dim, blocks, parts, part]");
+      Shape range = shape(child(pieces[i], "range", pp), pp + ".range", 0);
+      if (range.size() != 2 || range[0] >= range[1])
+        throw CheckpointError(source + ": key '" + pp + ".range' is not a range [begin, end) with begin < end");
       p.shard = ShardSpec{static_cast<int>(sh[0]), static_cast<int>(sh[1]), static_cast<int>(sh[2]),
                           static_cast<int>(sh[3])};
       p.begin = range[0];
@@ -223,6 +241,7 @@ std::string checkpoint_meta_to_yaml(const CheckpointMeta& m) {
   out << YAML::Key << "format" << YAML::Value << "gpt-train distributed checkpoint";
   out << YAML::Key << "version" << YAML::Value << m.version;
   out << YAML::Key << "iteration" << YAML::Value << m.iteration;
+  out << YAML::Key << "parent" << YAML::Value << m.parent;
   out << YAML::Key << "consumed_samples" << YAML::Value << m.consumed_samples;
   out << YAML::Key << "optimizer_steps" << YAML::Value << m.optimizer_steps;
   out << YAML::Key << "has_optimizer_state" << YAML::Value << m.has_optimizer_state;
@@ -267,37 +286,52 @@ CheckpointMeta checkpoint_meta_from_yaml(const std::string& text, const std::str
   if (m.version != 1)
     throw CheckpointError(fmt::format("{}: checkpoint format version {} is not supported (this build reads 1)",
                                       source, m.version));
-  m.iteration = r.get<int64_t>(root, "iteration");
-  m.consumed_samples = r.get<int64_t>(root, "consumed_samples");
-  m.optimizer_steps = r.get<int64_t>(root, "optimizer_steps");
+  m.iteration = r.get_int(root, "iteration", "", 0);
+  // The previous checkpoint of this one's lineage (absent in indexes written before it was recorded).
+  if (root["parent"] && !root["parent"].IsNull()) m.parent = r.get<std::string>(root, "parent");
+  m.consumed_samples = r.get_int(root, "consumed_samples", "", 0);
+  // At most one optimizer step per iteration (fewer when fp16 overflow skipped some).
+  m.optimizer_steps = r.get_int(root, "optimizer_steps", "", 0, m.iteration, " (the iteration)");
   m.has_optimizer_state = r.get<bool>(root, "has_optimizer_state");
   m.master_weights = r.get<bool>(root, "master_weights");
   m.dtype = r.get<std::string>(root, "dtype");
   YAML::Node ls = r.child(root, "loss_scaler", "");
   m.loss_scaler_dynamic = r.get<bool>(ls, "dynamic", "loss_scaler");
   m.loss_scaler.scale = r.get<double>(ls, "scale", "loss_scaler");
-  m.loss_scaler.growth_tracker = r.get<int64_t>(ls, "growth_tracker", "loss_scaler");
+  if (!std::isfinite(m.loss_scaler.scale) || m.loss_scaler.scale <= 0)
+    r.out_of_range("loss_scaler.scale", fmt::format("{}", m.loss_scaler.scale), "it must be finite and > 0");
+  m.loss_scaler.growth_tracker = r.get_int(ls, "growth_tracker", "loss_scaler", 0);
+  // Counts down on each overflow without a floor (as Megatron's), so it may be negative.
   m.loss_scaler.hysteresis_tracker = r.get<int64_t>(ls, "hysteresis_tracker", "loss_scaler");
   YAML::Node l = r.child(root, "layout", "");
-  m.layout.tensor = r.get<int64_t>(l, "tensor", "layout");
-  m.layout.pipeline = r.get<int64_t>(l, "pipeline", "layout");
-  m.layout.virtual_pipeline = r.get<int64_t>(l, "virtual_pipeline", "layout");
-  m.layout.data = r.get<int64_t>(l, "data", "layout");
-  m.layout.world = r.get<int64_t>(l, "world", "layout");
+  m.layout.world = r.get_int(l, "world", "layout", 1, INT32_MAX);
+  m.layout.tensor = r.get_int(l, "tensor", "layout", 1, m.layout.world, " (layout.world)");
+  m.layout.pipeline = r.get_int(l, "pipeline", "layout", 1, m.layout.world, " (layout.world)");
+  m.layout.virtual_pipeline = r.get_int(l, "virtual_pipeline", "layout", 1, INT32_MAX);
+  m.layout.data = r.get_int(l, "data", "layout", 1, m.layout.world, " (layout.world)");
+  const SavedLayout& sl = m.layout;  // world == tensor x pipeline x data, without forming the product
+  if (sl.world % sl.tensor != 0 || sl.world / sl.tensor % sl.pipeline != 0 ||
+      sl.world / sl.tensor / sl.pipeline != sl.data)
+    r.out_of_range("layout.world", std::to_string(m.layout.world),
+                   fmt::format("it must equal tensor x pipeline x data = {} x {} x {}", m.layout.tensor,
+                               m.layout.pipeline, m.layout.data));
   m.layout.distributed_optimizer = r.get<bool>(l, "distributed_optimizer", "layout");
-  m.vocab_size = r.get<int64_t>(root, "vocab_size");
-  m.padded_vocab = r.get<int64_t>(root, "padded_vocab");
+  m.vocab_size = r.get_int(root, "vocab_size", "", 1);
+  m.padded_vocab = r.get_int(root, "padded_vocab", "", m.vocab_size);
   m.rng_seed = r.get<int64_t>(r.child(root, "rng", ""), "seed", "rng");
   YAML::Node tensors = r.child(root, "tensors", "");
   if (!tensors.IsMap()) throw CheckpointError(source + ": 'tensors' is not a mapping of name -> shape");
   for (const auto& kv : tensors) {
     const std::string name = kv.first.as<std::string>();
-    m.tensors[name] = r.shape(kv.second, "tensors." + name);
+    m.tensors[name] = r.shape(kv.second, "tensors." + name, 1);
   }
   YAML::Node files = r.child(root, "files", "");
   if (!files.IsSequence()) throw CheckpointError(source + ": 'files' is not a list");
   for (size_t i = 0; i < files.size(); ++i) {
     StoredFile f = r.file(files[i], fmt::format("files[{}]", i));
+    if (f.rank >= m.layout.world)
+      r.out_of_range(fmt::format("files[{}].rank", i), std::to_string(f.rank),
+                     fmt::format("it must be < layout.world ({})", m.layout.world));
     for (const StoredPiece& p : f.pieces) {
       auto it = m.tensors.find(p.name);
       if (it == m.tensors.end())

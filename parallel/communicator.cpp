@@ -1,12 +1,17 @@
-// SelfCommunicator: the single-rank group used when a parallel dimension has degree 1.
+// SelfCommunicator: the single-rank group used when a parallel dimension has degree 1; the default
+// asynchronous send; the marker that tells the watchdog this process is waiting in communication.
 #include "parallel/communicator.h"
 
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 namespace gpt {
 
 namespace {
+std::mutex g_marker_mu;
+std::string g_marker_group;  // guarded by g_marker_mu
+
 struct CompletedSend final : PendingSend {
   void wait() override {}
 };
@@ -15,6 +20,21 @@ struct CompletedSend final : PendingSend {
 std::unique_ptr<PendingSend> Communicator::send_async(const Tensor& t, int peer, int tag) {
   send(t, peer, tag);
   return std::make_unique<CompletedSend>();
+}
+
+CommunicationMarker::CommunicationMarker(const std::string& group) {
+  std::lock_guard<std::mutex> lock(g_marker_mu);
+  g_marker_group = group;
+}
+
+CommunicationMarker::~CommunicationMarker() {
+  std::lock_guard<std::mutex> lock(g_marker_mu);
+  g_marker_group.clear();
+}
+
+std::string CommunicationMarker::current() {
+  std::lock_guard<std::mutex> lock(g_marker_mu);
+  return g_marker_group;
 }
 
 static void copy_same(const Tensor& in, Tensor& out, const char* what) {

@@ -1,7 +1,8 @@
 // Communicator: the collective and point-to-point operations the model and the parallel engine need,
 // over one group of ranks. Backends: SelfCommunicator (a group of one: every op is the identity), the MPI
-// backend (parallel/mpi_communicator.*) and later NCCL. All tensor ops act on F32 tensors unless a backend
-// documents more; `all_reduce_host` reduces small host arrays (scalars, norms, flags).
+// backend (parallel/mpi_communicator.*) and NCCL (parallel/nccl_communicator.*). Every backend reduces
+// F32, BF16 and F16 tensors (a bf16 or fp16 run's activations cross the tensor-parallel group in that
+// dtype) and moves tensors of any dtype; `all_reduce_host` reduces small host arrays (scalars, norms, flags).
 #pragma once
 #include <memory>
 #include <string>
@@ -49,6 +50,18 @@ class Communicator {
  protected:
   int64_t bytes_moved_ = 0;
   double seconds_spent_ = 0;
+};
+
+// Marks this process as waiting in a communication call of group `group` while it lives (the watchdog's
+// census tells a rank that waits for its peers from one that is stuck computing). Not nested.
+class CommunicationMarker {
+ public:
+  explicit CommunicationMarker(const std::string& group);
+  ~CommunicationMarker();
+  CommunicationMarker(const CommunicationMarker&) = delete;
+  CommunicationMarker& operator=(const CommunicationMarker&) = delete;
+  // The group this process is communicating in now, or "" when it is not in a communication call.
+  static std::string current();
 };
 
 // A group of one rank: collectives are identities, p2p is an error.

@@ -1,6 +1,7 @@
 // MpiCommunicator: collectives and point-to-point transfers of host tensors over an owned MPI_Comm, with
 // argument checks before every MPI call, MPI error codes turned into exceptions, large messages split into
-// pieces MPI's int counts can address, and the bytes/seconds accounting behind the comm-volume log.
+// pieces MPI's int counts can address, 16-bit reductions carried out in fp32, and the bytes/seconds
+// accounting behind the comm-volume log.
 #include "parallel/mpi_communicator.h"
 
 #include <spdlog/spdlog.h>
@@ -10,6 +11,8 @@
 #include <climits>
 #include <cstring>
 #include <stdexcept>
+
+#include "model/ops/cpu/cpu_tensor_access.h"
 
 namespace gpt {
 namespace {
@@ -26,7 +29,8 @@ constexpr int64_t kReduceChunkElems = kCollectiveChunkBytes / 4;
 // Adds the wall time of a scope to a counter.
 class ScopedTimer {
  public:
-  explicit ScopedTimer(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ScopedTimer(double& total, const std::string& group)
+      : total_(total), start_(std::chrono::steady_clock::now()), marker_(group) {}
   ~ScopedTimer() {
     total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
@@ -34,6 +38,7 @@ class ScopedTimer {
  private:
   double& total_;
   std::chrono::steady_clock::time_point start_;
+  CommunicationMarker marker_;
 };
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -187,29 +192,40 @@ void MpiCommunicator::check_peer(int peer, int tag, const char* op, bool allow_s
                                 "]");
 }
 
-static void require_f32(const Tensor& t, const std::string& group, const char* op) {
-  if (t.dtype() != DType::F32)
-    throw std::invalid_argument("MpiCommunicator(" + group + ")::" + op + ": reductions need F32 tensors, got " +
-                                dtype_name(t.dtype()));
+static void require_float(const Tensor& t, const std::string& group, const char* op) {
+  if (t.dtype() != DType::F32 && t.dtype() != DType::BF16 && t.dtype() != DType::F16)
+    throw std::invalid_argument("MpiCommunicator(" + group + ")::" + op +
+                                ": reductions need float tensors (fp32, bf16, fp16), got " + dtype_name(t.dtype()));
 }
 
 // ---- collectives ----
 
+// A 16-bit tensor is widened piece by piece into fp32 scratch, reduced as floats and rounded back (to
+// nearest even) once: a sum is the group's fp32 sum rounded a single time, not once per partial sum, and
+// Max and Min come back exact. The fp32 pieces are what MPI moves, so they are what is counted.
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
-  require_f32(t, name_, "all_reduce");
-  ScopedTimer timer(seconds_spent_);
-  for (int64_t start = 0; start < t.numel(); start += kReduceChunkElems) {
-    int n = static_cast<int>(std::min(kReduceChunkElems, t.numel() - start));
-    check(MPI_Allreduce(MPI_IN_PLACE, t.f32() + start, n, MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
+  require_float(t, name_, "all_reduce");
+  ScopedTimer timer(seconds_spent_, name_);
+  const int64_t total = t.numel();
+  const bool wide = t.dtype() == DType::F32;
+  std::vector<float> scratch(wide ? 0 : static_cast<size_t>(std::min(kReduceChunkElems, total)));
+  char* base = static_cast<char*>(t.raw());
+  const int64_t esize = dtype_size(t.dtype());
+  for (int64_t start = 0; start < total; start += kReduceChunkElems) {
+    int n = static_cast<int>(std::min(kReduceChunkElems, total - start));
+    float* buf = wide ? t.f32() + start : scratch.data();
+    if (!wide) cpu::to_f32(base + start * esize, t.dtype(), buf, n);
+    check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce");
+    if (!wide) cpu::from_f32(buf, base + start * esize, t.dtype(), n);
   }
-  bytes_moved_ += t.bytes();
+  bytes_moved_ += total * static_cast<int64_t>(sizeof(float));
 }
 
 void MpiCommunicator::all_reduce_host(double* data, int64_t count, ReduceOp op) {
   if (count < 0 || (count > 0 && !data))
     throw std::invalid_argument("MpiCommunicator(" + name_ + ")::all_reduce_host: bad buffer");
-  ScopedTimer timer(seconds_spent_);
+  ScopedTimer timer(seconds_spent_, name_);
   for (int64_t start = 0; start < count; start += kReduceChunkElems) {
     int n = static_cast<int>(std::min(kReduceChunkElems, count - start));
     check(MPI_Allreduce(MPI_IN_PLACE, data + start, n, MPI_DOUBLE, mpi_op(op), comm_), "MPI_Allreduce");
@@ -228,7 +244,7 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
   const char* my_block = static_cast<const char*>(out.raw()) + rank_ * in.bytes();
   if (in.raw() != my_block && overlaps(in.raw(), in.bytes(), out.raw(), out.bytes()))
     throw std::invalid_argument(where + "in overlaps out but is not this rank's block of it");
-  ScopedTimer timer(seconds_spent_);
+  ScopedTimer timer(seconds_spent_, name_);
   MPI_Datatype type = raw_type(in.dtype());
   const int64_t esize = dtype_size(in.dtype()), n = in.numel();
   const int64_t piece = std::max<int64_t>(1, kCollectiveChunkBytes / esize / size_);
@@ -257,33 +273,38 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
 void MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out) {
   check_tensor(in, "reduce_scatter");
   check_tensor(out, "reduce_scatter");
-  require_f32(in, name_, "reduce_scatter");
-  require_f32(out, name_, "reduce_scatter");
+  require_float(in, name_, "reduce_scatter");
   std::string where = "MpiCommunicator(" + name_ + ")::reduce_scatter: ";
+  if (in.dtype() != out.dtype())
+    throw std::invalid_argument(where + "in is " + dtype_name(in.dtype()) + " but out is " + dtype_name(out.dtype()));
   if (in.numel() != out.numel() * size_)
     throw std::invalid_argument(where + "in has " + std::to_string(in.numel()) + " elements, expected " +
                                 std::to_string(size_) + " x " + std::to_string(out.numel()));
-  ScopedTimer timer(seconds_spent_);
-  // Piece by piece: each call reduces the same slice of every rank's block, packed contiguously into
-  // scratch, so no call exceeds kCollectiveChunkBytes. The output goes to scratch too when it aliases the
-  // input (MPI forbids that; the distributed optimizer reduces a bucket into its own shard this way).
-  const int64_t n = out.numel();
+  ScopedTimer timer(seconds_spent_, name_);
+  // Piece by piece: each call reduces the same slice of every rank's block, packed contiguously (and, for
+  // 16-bit tensors, widened to fp32) into scratch, so no call exceeds kCollectiveChunkBytes. The result
+  // goes to fp32 scratch when the output aliases the input (MPI forbids that; the distributed optimizer
+  // reduces a bucket into its own shard this way) or is 16-bit, and is copied or rounded into it at the
+  // end, each sum rounded once.
+  const DType dtype = in.dtype();
+  const bool wide = dtype == DType::F32;
+  const int64_t n = out.numel(), esize = dtype_size(dtype);
   const int64_t piece = std::max<int64_t>(1, kReduceChunkElems / size_);
   const bool alias = overlaps(in.raw(), in.bytes(), out.raw(), out.bytes());
   std::vector<float> packed(static_cast<size_t>(std::min(piece, n) * size_));
-  std::vector<float> result(alias ? static_cast<size_t>(n) : 0);
-  float* dst = alias ? result.data() : out.f32();
-  const float* src = in.f32();
+  std::vector<float> result(alias || !wide ? static_cast<size_t>(n) : 0);
+  float* dst = alias || !wide ? result.data() : out.f32();
+  const char* src = static_cast<const char*>(in.raw());
   for (int64_t off = 0; off < n; off += piece) {
     const int len = static_cast<int>(std::min(piece, n - off));
     for (int k = 0; k < size_; ++k)
-      std::memcpy(packed.data() + int64_t(k) * len, src + int64_t(k) * n + off, size_t(len) * sizeof(float));
+      cpu::to_f32(src + (int64_t(k) * n + off) * esize, dtype, packed.data() + int64_t(k) * len, len);
     std::vector<int> counts(static_cast<size_t>(size_), len);
     check(MPI_Reduce_scatter(packed.data(), dst + off, counts.data(), MPI_FLOAT, MPI_SUM, comm_),
           "MPI_Reduce_scatter");
   }
-  if (alias) std::memcpy(out.raw(), result.data(), out.bytes());
-  bytes_moved_ += in.bytes();
+  if (alias || !wide) cpu::from_f32(result.data(), out.raw(), dtype, n);
+  bytes_moved_ += in.numel() * static_cast<int64_t>(sizeof(float));
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {
@@ -291,7 +312,7 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
   if (root < 0 || root >= size_)
     throw std::invalid_argument("MpiCommunicator(" + name_ + ")::broadcast: root " + std::to_string(root) +
                                 " is outside the group of " + std::to_string(size_));
-  ScopedTimer timer(seconds_spent_);
+  ScopedTimer timer(seconds_spent_, name_);
   char* base = static_cast<char*>(t.raw());
   for (auto [offset, len] : byte_chunks(t.bytes()))
     check(MPI_Bcast(base + offset, len, MPI_BYTE, root, comm_), "MPI_Bcast");
@@ -299,7 +320,7 @@ void MpiCommunicator::broadcast(Tensor& t, int root) {
 }
 
 void MpiCommunicator::barrier() {
-  ScopedTimer timer(seconds_spent_);
+  ScopedTimer timer(seconds_spent_, name_);
   check(MPI_Barrier(comm_), "MPI_Barrier");
 }
 
@@ -354,7 +375,7 @@ MpiRequest MpiCommunicator::irecv(Tensor& t, int peer, int tag) {
 }
 
 void MpiCommunicator::post(MpiRequest& r, const Tensor& t, bool is_recv, int peer, int tag, const char* op) {
-  ScopedTimer timer(seconds_spent_);
+  ScopedTimer timer(seconds_spent_, name_);
   r.comm_ = this;
   r.buffer_ = t;
   r.is_recv_ = is_recv;
@@ -402,7 +423,7 @@ void MpiCommunicator::complete(MpiRequest* const* requests, size_t n) {
     pieces.insert(pieces.end(), r.requests_.begin(), r.requests_.end());
   }
   if (pieces.empty()) return;
-  ScopedTimer timer(seconds_spent_);
+  ScopedTimer timer(seconds_spent_, name_);
   std::vector<MPI_Status> statuses(pieces.size());
   int rc = MPI_Waitall(static_cast<int>(pieces.size()), pieces.data(), statuses.data());
   std::string first_error;

@@ -179,8 +179,8 @@ TEST(CheckpointResume, KeepLastPrunesOldOnesButNeverTheLatest) {
   EXPECT_EQ(names, (std::vector<std::string>{"iter_0000004", "iter_0000005", "latest"}));
   EXPECT_EQ(read_text_file(cfg.checkpoint.dir + "/latest"), "iter_0000005\n");
 
-  // Roll back to iteration 4 by pointing `latest` at it and train on: iteration 5 is saved anew
-  // (replacing the old one), then 6; keep_last 1 keeps only the newest, which `latest` names.
+  // Roll back to iteration 4 by pointing `latest` at it and train on: iteration 5 is saved anew (the old
+  // one is kept as iter_0000005.abandoned), then 6; keep_last 1 keeps only the newest of this lineage.
   write_file_durably(cfg.checkpoint.dir + "/latest", "iter_0000004\n");
   Config again = cfg;
   again.checkpoint.keep_last = 1;
@@ -190,14 +190,17 @@ TEST(CheckpointResume, KeepLastPrunesOldOnesButNeverTheLatest) {
   names.clear();
   for (const auto& e : fs::directory_iterator(cfg.checkpoint.dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000006", "latest"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000005.abandoned", "iter_0000006", "latest"}));
 
-  // A `latest` that names an older iteration protects it from pruning.
+  // A `latest` that names an older checkpoint of the lineage protects it from pruning.
   write_file_durably(cfg.checkpoint.dir + "/latest", "iter_0000006\n");
-  fs::copy(cfg.checkpoint.dir + "/iter_0000006", cfg.checkpoint.dir + "/iter_0000009", fs::copy_options::recursive);
-  prune_checkpoints(cfg.checkpoint.dir, 1);
+  again.training.train_iters = 7;
+  again.checkpoint.keep_last = 0;
+  train_run(again, ps);  // resumes 6, saves 7 (parent 6), prunes nothing
+  write_file_durably(cfg.checkpoint.dir + "/latest", "iter_0000006\n");
+  EXPECT_TRUE(prune_lineage(cfg.checkpoint.dir, "iter_0000007", 1).empty());
   EXPECT_TRUE(fs::exists(cfg.checkpoint.dir + "/iter_0000006"));
-  EXPECT_TRUE(fs::exists(cfg.checkpoint.dir + "/iter_0000009"));
+  EXPECT_TRUE(fs::exists(cfg.checkpoint.dir + "/iter_0000007"));
 }
 
 }  // namespace

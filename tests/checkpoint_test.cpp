@@ -1,7 +1,7 @@
 // Single-process checkpoint format tests: the element-run arithmetic against ShardSpec::global_index
 // element by element; the metadata index round trip; and every kind of bad input (another model, missing,
-// truncated or corrupted files, a damaged index or `latest`, an interrupted replacing save, an explicit
-// load of nothing) giving a clear error.
+// truncated or corrupted files, a damaged index or `latest`, numbers in the index out of range, an
+// interrupted replacing save, an explicit load of nothing) giving a clear error.
 #include <map>
 #include <random>
 
@@ -238,9 +238,67 @@ TEST_F(CheckpointErrors, DamagedIndexAndDanglingLatest) {
   EXPECT_TRUE(contains(e, "names iter_0000099")) << e;
 }
 
-TEST_F(CheckpointErrors, AReplacingSaveCutBetweenItsRenamesLeavesTheOldCopyLoadable) {
-  fs::rename(dir() + "/iter_0000002", dir() + "/iter_0000002.replaced");
-  EXPECT_EQ(resolve_checkpoint(dir()), dir() + "/iter_0000002.replaced");
+// Each number of the index out of its range: the error names metadata.yaml and the key.
+TEST_F(CheckpointErrors, OutOfRangeIndexNumbersNameTheKey) {
+  const std::string index = dir() + "/iter_0000002/metadata.yaml";
+  const std::string saved = read_text_file(index);
+  // The saved index with the first line that starts with `line_start` (after a newline) replaced by `line`.
+  auto with_line = [&](const std::string& line_start, const std::string& line) {
+    const size_t at = saved.find("\n" + line_start);
+    EXPECT_NE(at, std::string::npos) << line_start;
+    if (at == std::string::npos) return saved;
+    const size_t end = saved.find('\n', at + 1);
+    return saved.substr(0, at + 1) + line + saved.substr(end);
+  };
+  const std::string layout = "layout: {tensor: {}, pipeline: {}, virtual_pipeline: {}, data: {}, world: {}, "
+                             "distributed_optimizer: false}";
+  auto layout_line = [&](int t, int p, int v, int d, int w) {
+    std::string l = layout;
+    for (int x : {t, p, v, d, w}) l.replace(l.find("{}"), 2, std::to_string(x));
+    return l;
+  };
+  const std::string piece_start = "      - {kind: ";
+  const size_t piece = saved.find("\n" + piece_start) + 1;
+  const size_t range = saved.find("range: [", piece) + 8;
+  const std::string bad_range = saved.substr(0, range) + "5, 3" + saved.substr(saved.find(']', range));
+  const std::string negative_range = saved.substr(0, range) + "-1, " + saved.substr(saved.find(',', range) + 2);
+  struct Case {
+    std::string text, key;
+  };
+  const std::vector<Case> cases = {
+      {with_line("iteration:", "iteration: -1"), "'iteration'"},
+      {with_line("consumed_samples:", "consumed_samples: -8"), "'consumed_samples'"},
+      {with_line("optimizer_steps:", "optimizer_steps: -1"), "'optimizer_steps'"},
+      {with_line("optimizer_steps:", "optimizer_steps: 3"), "'optimizer_steps' is 3; it must be <= 2"},
+      {with_line("  scale:", "  scale: 0"), "'loss_scaler.scale'"},
+      {with_line("  scale:", "  scale: -4"), "'loss_scaler.scale'"},
+      {with_line("  scale:", "  scale: .nan"), "'loss_scaler.scale'"},
+      {with_line("  scale:", "  scale: .inf"), "'loss_scaler.scale'"},
+      {with_line("  growth_tracker:", "  growth_tracker: -1"), "'loss_scaler.growth_tracker'"},
+      {with_line("layout:", layout_line(0, 1, 1, 1, 1)), "'layout.tensor'"},
+      {with_line("layout:", layout_line(1, -1, 1, 1, 1)), "'layout.pipeline'"},
+      {with_line("layout:", layout_line(1, 1, 0, 1, 1)), "'layout.virtual_pipeline'"},
+      {with_line("layout:", layout_line(1, 1, 1, 0, 1)), "'layout.data'"},
+      {with_line("layout:", layout_line(1, 1, 1, 1, 0)), "'layout.world'"},
+      {with_line("layout:", layout_line(1, 1, 1, 1, 2)), "'layout.world' is 2; it must equal tensor x pipeline"},
+      {with_line("vocab_size:", "vocab_size: 0"), "'vocab_size'"},
+      {with_line("padded_vocab:", "padded_vocab: 1"), "'padded_vocab'"},
+      {with_line("  final_ln.weight:", "  final_ln.weight: [0]"), "'tensors.final_ln.weight'"},
+      {with_line("  final_ln.weight:", "  final_ln.weight: [-32]"), "'tensors.final_ln.weight'"},
+      {with_line("    rank:", "    rank: -1"), "'files[0].rank'"},
+      {with_line("    rank:", "    rank: 1"), "'files[0].rank' is 1; it must be < layout.world (1)"},
+      {with_line("    bytes:", "    bytes: -5"), "'files[0].bytes'"},
+      {bad_range, "'files[0].pieces[0].range'"},
+      {negative_range, "'files[0].pieces[0].range'"},
+  };
+  for (const Case& c : cases) {
+    ASSERT_NE(c.text, saved) << c.key;
+    write_file_durably(index, c.text);
+    const std::string e = error_loading(small_config());
+    EXPECT_TRUE(contains(e, "metadata.yaml")) << c.key << ": " << e;
+    EXPECT_TRUE(contains(e, c.key)) << c.key << ": " << e;
+  }
+  write_file_durably(index, saved);
   EXPECT_EQ(error_loading(small_config()), "");
 }
 

@@ -104,6 +104,7 @@ def stuck_rank():
                       r"\(training.step_timeout_s = 5\)", out)
         assert m, out
         assert m.group(1) != "5", "the stopped rank cannot report"
+        assert re.search(r"census: rank 5 stalled", out), out  # rank 0's census names it
         assert took >= 5, f"the watchdog fired after {took:.1f} s, before the 5 s timeout"
         print(f"     rank {m.group(1)}'s watchdog fired; job ended {took:.1f} s after rank 5 stopped")
     finally:

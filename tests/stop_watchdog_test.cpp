@@ -141,6 +141,46 @@ TEST(Watchdog, QuietWhileDisarmedOrReArmedInTime) {
   EXPECT_EQ(seen.count(), 1u);
 }
 
+TEST(Watchdog, LongPhasesHaveTheStartupTimeout) {
+  Expiries seen;
+  Watchdog dog({4, /*step_timeout_s=*/0.2, false, 0.05, /*startup_timeout_s=*/1.0}, seen.action());
+  auto armed = std::chrono::steady_clock::now();
+  dog.arm("saving the checkpoint of iteration 8", Watchdog::Kind::Long);
+  for (int i = 0; i < 300 && seen.count() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(seen.count(), 1u);
+  EXPECT_GE(std::chrono::duration<double>(seen.times[0] - armed).count(), 1.0);  // not the step timeout
+  const std::string& m = seen.messages[0];
+  EXPECT_NE(m.find("[rank 4] watchdog: saving the checkpoint of iteration 8 has made no progress"), std::string::npos) << m;
+  EXPECT_NE(m.find("training.startup_timeout_s = 1"), std::string::npos) << m;
+  // Not in a communication call: this rank says that it is the stalled one.
+  EXPECT_NE(m.find("this rank is computing, in no communication call: it is the stalled rank"), std::string::npos) << m;
+}
+
+TEST(Watchdog, ANestedPhaseHandsTheWatchBack) {
+  Expiries seen;
+  Watchdog dog({2, 0.4, false, 0.05, 5.0}, seen.action());
+  dog.arm("iteration 3");
+  const Watchdog::Phase outer = dog.arm("evaluation batch 1 of 2 at iteration 3");
+  EXPECT_TRUE(outer.armed);
+  EXPECT_EQ(outer.what, "iteration 3");
+  std::this_thread::sleep_for(200ms);
+  dog.restore(outer);  // the clock of "iteration 3" restarts: the nested phase was progress
+  std::this_thread::sleep_for(250ms);
+  EXPECT_EQ(seen.count(), 0u);
+  for (int i = 0; i < 300 && seen.count() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(seen.count(), 1u);
+  EXPECT_NE(seen.messages[0].find("watchdog: iteration 3 has made no progress"), std::string::npos) << seen.messages[0];
+  {
+    CommunicationMarker waiting("tp");  // a rank waiting for its peers says so
+    dog.arm("iteration 4");
+    for (int i = 0; i < 300 && seen.count() == 1; ++i) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(seen.count(), 2u);
+  EXPECT_NE(seen.messages[1].find("this rank is waiting in communication (tp group) for a rank that is dead or stuck"),
+            std::string::npos)
+      << seen.messages[1];
+}
+
 TEST(Watchdog, ZeroTimeoutNeverFires) {
   Expiries seen;
   Watchdog dog({0, 0.0, false, 0.05}, seen.action());

@@ -1,0 +1,144 @@
+// Checkpoint directory lock (see checkpoint_lock.h): exclusive create, staleness by process or heartbeat,
+// atomic take-over by rename, release only of a lock that is still this process's.
+#include "parallel/checkpoint_lock.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fmt/format.h>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "parallel/checkpoint_format.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string host_name() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "unknown-host";
+  return name;
+}
+
+std::map<std::string, std::string> parse_lock(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return out;
+}
+
+// Seconds since the file was last modified (refreshed by its holder's heartbeat); -1 when unknown.
+double age_s(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return std::difftime(std::time(nullptr), st.st_mtime);
+}
+
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+
+}  // namespace
+
+std::string CheckpointDirLock::describe_holder(const std::string& token) {
+  const std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return fmt::format("host={}\npid={}\nstarted={}\ntoken={}\n", host_name(), static_cast<long>(::getpid()), when, token);
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir, double stale_s, std::string* warning)
+    : path_((fs::path(dir) / kLockFile).string()) {
+  std::random_device rd;
+  token_ = fmt::format("{:08x}{:08x}", rd(), rd());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError("checkpoint directory " + dir + " cannot be created: " + ec.message());
+  const std::string text = describe_holder(token_);
+  int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) {
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok) {
+      ::unlink(path_.c_str());
+      throw CheckpointError("checkpoint directory " + dir + " is not writable: cannot write " + path_ + ": " +
+                            std::strerror(err));
+    }
+  } else if (errno != EEXIST) {
+    throw CheckpointError("checkpoint directory " + dir + " is not writable: cannot create " + path_ + ": " +
+                          std::strerror(errno));
+  } else {
+    std::string held;
+    try {
+      held = read_text_file(path_);
+    } catch (const std::exception&) {
+    }
+    auto holder = parse_lock(held);
+    const double age = age_s(path_);
+    const bool same_host = holder["host"] == host_name();
+    const long pid = std::atol(holder["pid"].c_str());
+    const bool stale = same_host ? !process_alive(pid) : (age < 0 || age >= stale_s);
+    const std::string who = fmt::format("host {} pid {} (started {}, refreshed {:.0f} s ago)",
+                                        printable(holder["host"], 64), printable(holder["pid"], 20),
+                                        printable(holder["started"], 32), age);
+    if (!stale)
+      throw CheckpointError(fmt::format(
+          "checkpoint directory {} is locked by another run: {} holds {}. Two runs must not write one directory. "
+          "If that run is gone, delete the lock file; a lock {} is taken over automatically",
+          dir, who, path_,
+          same_host ? "whose process is gone" : fmt::format("not refreshed for checkpoint.lock_stale_s = {:g} s", stale_s)));
+    try {
+      write_file_durably(path_, text);  // an atomic rename over the stale lock
+    } catch (const std::exception& e) {
+      throw CheckpointError("checkpoint directory " + dir + " is not writable: " + e.what());
+    }
+    if (!still_ours())
+      throw CheckpointError("checkpoint directory " + dir + ": another run took over the stale lock " + path_ +
+                            " at the same moment");
+    if (warning)
+      *warning = fmt::format("took over the stale lock {} of {}: {}", path_, who,
+                             same_host ? "that process is gone" : "its heartbeat stopped");
+  }
+  const double interval = std::max(0.5, std::min(30.0, stale_s / 4));
+  thread_ = std::thread([this, interval] { heartbeat(interval); });
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (still_ours()) ::unlink(path_.c_str());
+}
+
+bool CheckpointDirLock::still_ours() const {
+  try {
+    return parse_lock(read_text_file(path_))["token"] == token_;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void CheckpointDirLock::heartbeat(double interval_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stopping_; }))
+    ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);  // now
+}
+
+}  // namespace gpt
