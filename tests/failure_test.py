@@ -29,19 +29,6 @@ def start(name, extra=()):
     return Job(MPIRUN, GPT_TRAIN, NP, CONFIG, SETS + list(extra), WORK, name)
 
 
-def expect_failed_within_bound(job, since, what):
-    rc = job.wait(max(1.0, BOUND_S - (time.monotonic() - since)))
-    out = job.output()
-    took = time.monotonic() - since
-    assert rc is not None, f"job still running {BOUND_S} s after {what}:\n{out}"
-    assert rc != 0, f"job exited 0 after {what}:\n{out}"
-    deadline = time.monotonic() + 10
-    while job.rank_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not job.rank_pids(), f"ranks {sorted(job.rank_pids())} still alive after {what}"
-    return out, took
-
-
 def killed_rank():
     job = start("sigkill")
     try:
@@ -49,7 +36,7 @@ def killed_rank():
         job.wait_for_iteration(3)
         t0 = time.monotonic()
         os.kill(pids[3], signal.SIGKILL)
-        out, took = expect_failed_within_bound(job, t0, "SIGKILL of rank 3")
+        out, took = job.expect_failed_within(t0, BOUND_S, "SIGKILL of rank 3")
         # mpirun names the rank that died.
         assert re.search(r"rank 3 with PID \d+ on node \S+ exited on signal 9", out), out
         print(f"     job ended {took:.1f} s after rank 3 was killed")
@@ -84,7 +71,7 @@ def bad_input_rank():
                               "data.split=100,0,0"])
     try:
         t0 = time.monotonic()
-        out, took = expect_failed_within_bound(job, t0, "the bad token")
+        out, took = job.expect_failed_within(t0, BOUND_S, "the bad token")
         m = re.search(r"gpt-train: \[rank (\d+)\] error: .*has id 300, outside its vocabulary of 257", out)
         assert m, out
         print(f"     rank {m.group(1)} reported the bad token; job ended after {took:.1f} s")
@@ -99,7 +86,7 @@ def stuck_rank():
         job.wait_for_iteration(3)
         t0 = time.monotonic()
         os.kill(pids[5], signal.SIGSTOP)
-        out, took = expect_failed_within_bound(job, t0, "SIGSTOP of rank 5")
+        out, took = job.expect_failed_within(t0, BOUND_S, "SIGSTOP of rank 5")
         m = re.search(r"gpt-train: \[rank (\d+)\] watchdog: iteration \d+ has made no progress for [\d.]+ s "
                       r"\(training.step_timeout_s = 5\)", out)
         assert m, out

@@ -74,15 +74,8 @@ def stalled(name, stall, sets, np=4, extra=()):
     try:
         job.wait_for_text(r"GPT_TRAIN_FAULT_STALL: stalling", timeout=60)
         t0 = time.monotonic()
-        rc = job.wait(BOUND_S)
-        out = job.output()
-        assert rc is not None, f"{name}: job still running {BOUND_S} s after the stall:\n{out[-6000:]}"
-        assert rc != 0, f"{name}: exited 0:\n{out}"
-        deadline = time.monotonic() + 10
-        while job.rank_pids() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not job.rank_pids(), f"{name}: ranks {sorted(job.rank_pids())} still alive"
-        print(f"     {name}: job ended {time.monotonic() - t0:.1f} s after the stall", flush=True)
+        out, took = job.expect_failed_within(t0, BOUND_S, "the stall")
+        print(f"     {name}: job ended {took:.1f} s after the stall", flush=True)
         return out
     finally:
         job.cleanup()

@@ -106,6 +106,20 @@ class Job:
         except subprocess.TimeoutExpired:
             return None
 
+    def expect_failed_within(self, since, bound_s, what):
+        """Asserts that the job exits non-zero within `bound_s` seconds of `since` (a monotonic time) and
+        leaves no rank behind; returns (output, seconds it took)."""
+        rc = self.wait(max(1.0, bound_s - (time.monotonic() - since)))
+        out = self.output()
+        took = time.monotonic() - since
+        assert rc is not None, f"{self.name}: job still running {bound_s} s after {what}:\n{out[-6000:]}"
+        assert rc != 0, f"{self.name}: job exited 0 after {what}:\n{out}"
+        deadline = time.monotonic() + 10
+        while self.rank_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not self.rank_pids(), f"{self.name}: ranks {sorted(self.rank_pids())} still alive after {what}"
+        return out, took
+
     def cleanup(self):
         """Kills whatever is left of the job: mpirun's session and any rank it left behind."""
         for pid in self.rank_pids().values():

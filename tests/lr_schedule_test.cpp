@@ -17,6 +17,7 @@
 #include "app/lr_schedule.h"
 #include "app/trainer.h"
 #include "parallel/data_parallel.h"
+#include "tiny_model_config.h"
 
 using namespace gpt;
 
@@ -99,22 +100,12 @@ namespace fs = std::filesystem;
 // A tiny model with lr 8e-3, 4 warm-up steps and linear decay to 0 at step 12 (train_iters), so the rate
 // after n applied steps is 2e-3 n up to n = 4 and 1e-3 (12 - n) after.
 Config tiny(const std::string& dtype = "fp32") {
-  Config cfg;
-  cfg.model.num_layers = 2;
-  cfg.model.hidden_size = 32;
-  cfg.model.num_heads = 2;
-  cfg.model.seq_length = 16;
-  cfg.model.vocab_size = 32;
-  cfg.training.micro_batch_size = 4;
-  cfg.training.global_batch_size = 8;
+  Config cfg = tiny_model_config(dtype);
   cfg.training.train_iters = 12;
   cfg.optimizer.lr = 8e-3;
   cfg.optimizer.min_lr = 0;
   cfg.optimizer.warmup_iters = 4;
   cfg.optimizer.lr_decay_style = "linear";
-  cfg.data.synthetic = "pattern";
-  cfg.precision.dtype = dtype;
-  cfg.logging.interval = 1000;
   return cfg;
 }
 

@@ -14,6 +14,7 @@
 #include "app/trainer.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
+#include "tiny_model_config.h"
 
 namespace fs = std::filesystem;
 using namespace gpt;
@@ -175,21 +176,12 @@ TEST(ModelGradients, MatchPyTorch) {
 }
 
 TEST(Training, MemorizesRepeatingPattern) {
-  Config cfg;
-  cfg.model.num_layers = 2;
-  cfg.model.hidden_size = 32;
-  cfg.model.num_heads = 2;
-  cfg.model.seq_length = 16;
-  cfg.model.vocab_size = 32;
-  cfg.training.micro_batch_size = 4;
-  cfg.training.global_batch_size = 8;
+  Config cfg = tiny_model_config();
   cfg.training.train_iters = 150;
   cfg.optimizer.lr = 3e-3;
   cfg.optimizer.min_lr = 3e-4;
   cfg.optimizer.warmup_iters = 10;
   cfg.optimizer.weight_decay = 0.0;
-  cfg.data.synthetic = "pattern";
-  cfg.logging.interval = 1000;
   auto be = make_backend("cpu");
   ParallelState ps = single_process_state();
   Trainer trainer(cfg, ps, *be);

@@ -9,26 +9,17 @@
 #include "app/trainer.h"
 #include "model/loss_scaler.h"
 #include "parallel/data_parallel.h"
+#include "tiny_model_config.h"
 
 using namespace gpt;
 
 namespace {
 
 Config tiny(const std::string& dtype) {
-  Config cfg;
-  cfg.model.num_layers = 2;
-  cfg.model.hidden_size = 32;
-  cfg.model.num_heads = 2;
-  cfg.model.seq_length = 16;
-  cfg.model.vocab_size = 32;
-  cfg.training.micro_batch_size = 4;
-  cfg.training.global_batch_size = 8;
+  Config cfg = tiny_model_config(dtype);
   cfg.training.train_iters = 40;
   cfg.optimizer.lr = 3e-3;
   cfg.optimizer.warmup_iters = 5;
-  cfg.data.synthetic = "pattern";
-  cfg.precision.dtype = dtype;
-  cfg.logging.interval = 1000;
   return cfg;
 }
 
