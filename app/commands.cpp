@@ -32,7 +32,6 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
 
-extern "C" void openblas_set_num_threads(int);
 
 namespace gpt {
 
@@ -188,7 +187,6 @@ int set_threads(const Config& cfg, int ranks_on_host) {
   if (threads <= 0 && !std::getenv("OMP_NUM_THREADS"))
     threads = std::max(1, omp_get_num_procs() / std::max(1, ranks_on_host));
   if (threads > 0) omp_set_num_threads(threads);
-  openblas_set_num_threads(1);  // the CPU backend parallelises GEMMs itself, one BLAS thread per OpenMP thread
   return omp_get_max_threads();
 }
 

@@ -22,7 +22,6 @@
 #include "model/ops/backend.h"
 #include "parallel/process_grid.h"
 
-extern "C" void openblas_set_num_threads(int);
 
 namespace gpt {
 
@@ -402,7 +401,6 @@ void log_layout_checks(const Config& cfg, const GridLayout& grid, int ranks_per_
 
 HardwareSpec probe_cpu(int threads, int devices_per_node) {
   omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
   auto be = make_backend("cpu");
   HardwareSpec hw;
   hw.name = "cpu-probe";

@@ -5,8 +5,8 @@
                [--gpt-train PATH] [--gemm-peak PATH] [--work-dir DIR] [--openblas-coretype NAME]
                [--steps-scale X] [--timeout SECONDS] [--wait-idle SECONDS] [--idle-threshold F]
 
-Throughput part (default): measures the machine's GEMM peak (bench/gemm_peak: OpenBLAS sgemm, and
-cblas_sbgemm where OpenBLAS has it; bench/torch_gemm_peak.py: PyTorch's bf16 and fp32 matmul), then for
+Throughput part (default): measures the machine's GEMM peak (bench/gemm_peak: gpt-train's oneDNN matmul
+in fp32 and bf16, with the ISA oneDNN picked; bench/torch_gemm_peak.py: PyTorch's bf16 and fp32 matmul), then for
 every config and dtype runs `gpt-train train` on random tokens and scripts/bench_torch.py (the same
 architecture, AdamW with gpt-train's defaults, global-norm clipping at 1.0), each under /usr/bin/time -v,
 one right after the other. Both get OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = K and OMP_WAIT_POLICY=PASSIVE.
@@ -31,7 +31,7 @@ Definitions (printed with the tables):
              vocabulary (app/flops.h, the number gpt-train logs as TFLOP/s/device), times steps per
              second. The same formula for both sides; it counts the full (unmasked) attention products.
   % peak     achieved GFLOP/s / the machine's measured GEMM peak of the same dtype: the fastest of
-             OpenBLAS (sgemm; cblas_sbgemm where it has it), PyTorch's matmul and gpt-train's own GEMMs.
+             PyTorch's matmul and gpt-train's oneDNN matmul.
   peak RSS   maximum resident set size of the process (per rank), from /usr/bin/time -v.
   CPU %      the process's CPU time / wall time (/usr/bin/time); well under 100 x K means other work on
              the machine took cores during the run, and the load column is the 1-minute load before it.
@@ -273,19 +273,19 @@ def measure_peaks(args, out_dir):
     rc, _ = run_logged([args.gemm_peak, "--threads", str(args.threads), "--sizes", "1024,2048", "--min-seconds", "1",
                         "--json"], env, os.path.join(out_dir, "gemm_peak.log"), 600)
     if rc == 0:
-        peaks["openblas"] = last_json_line(os.path.join(out_dir, "gemm_peak.log"))
+        peaks["gpt_train"] = last_json_line(os.path.join(out_dir, "gemm_peak.log"))
     rc, _ = run_logged(["/usr/bin/python3", os.path.join(REPO, "bench", "torch_gemm_peak.py"), "--threads",
                         str(args.threads), "--sizes", "1024,2048", "--min-seconds", "1"], env,
                        os.path.join(out_dir, "torch_gemm_peak.log"), 600)
     if rc == 0:
         peaks["torch"] = last_json_line(os.path.join(out_dir, "torch_gemm_peak.log"))
-    ob, tg = peaks.get("openblas", {}), peaks.get("torch", {})
+    ob, tg = peaks.get("gpt_train", {}), peaks.get("torch", {})
     # The machine's peak per dtype: the fastest GEMM measured here, whoever's it is.
     candidates = {
-        "fp32": {"OpenBLAS sgemm": ob.get("sgemm_gflops"), "PyTorch fp32 matmul": tg.get("fp32_gflops"),
-                 "gpt-train fp32 GEMM (AVX-512)": ob.get("gpt_train_f32_gflops")},
-        "bf16": {"OpenBLAS cblas_sbgemm": ob.get("sbgemm_gflops"), "PyTorch bf16 matmul (oneDNN)": tg.get("bf16_gflops"),
-                 "gpt-train bf16 GEMM (AVX512-BF16)": ob.get("gpt_train_bf16_gflops")},
+        "fp32": {"PyTorch fp32 matmul": tg.get("fp32_gflops"),
+                 "gpt-train fp32 matmul (oneDNN)": ob.get("gpt_train_f32_gflops")},
+        "bf16": {"PyTorch bf16 matmul (oneDNN)": tg.get("bf16_gflops"),
+                 "gpt-train bf16 matmul (oneDNN)": ob.get("gpt_train_bf16_gflops")},
     }
     for dtype, rates in candidates.items():
         rates = {k: v for k, v in rates.items() if v}
@@ -306,7 +306,7 @@ def best_peaks(first, second):
             best[f"{dtype}_source"] = first.get(f"{dtype}_source")
         best[f"{dtype}_all"] = {k: max(p.get(f"{dtype}_all", {}).get(k) or 0 for p in (first, second))
                                 for k in set(first.get(f"{dtype}_all", {})) | set(second.get(f"{dtype}_all", {}))}
-    for side, key in (("openblas", "sgemm_gflops"), ("torch", "bf16_gflops")):
+    for side, key in (("gpt_train", "gpt_train_f32_gflops"), ("torch", "bf16_gflops")):
         if first.get(side, {}).get(key, 0) > second.get(side, {}).get(key, 0):
             best[side] = first[side]
     best["measurements"] = [first, second]
@@ -410,10 +410,10 @@ def print_throughput(rows, peaks, threads):
     malloc = next((r.get("malloc") for r in rows if r["impl"] == "pytorch"), None)
     print(f"\nThroughput, {threads} threads per process (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {threads}, "
           f"OMP_WAIT_POLICY=PASSIVE for both; PyTorch's malloc: {malloc})")
-    ob = peaks.get("openblas", {})
+    ob = peaks.get("gpt_train", {})
     print(f"GEMM peak: fp32 {fmt(peaks.get('fp32_gflops'), '.1f')} GFLOP/s ({peaks.get('fp32_source')}; all: "
-          f"{', '.join(f'{k} {v:.1f}' for k, v in peaks.get('fp32_all', {}).items())}; OpenBLAS core "
-          f"{ob.get('core', '?')}); bf16 {fmt(peaks.get('bf16_gflops'), '.1f')} GFLOP/s ({peaks.get('bf16_source')}; "
+          f"{', '.join(f'{k} {v:.1f}' for k, v in peaks.get('fp32_all', {}).items())}; gpt-train's oneDNN ISA "
+          f"{ob.get('isa', '?')}); bf16 {fmt(peaks.get('bf16_gflops'), '.1f')} GFLOP/s ({peaks.get('bf16_source')}; "
           f"all: {', '.join(f'{k} {v:.1f}' for k, v in peaks.get('bf16_all', {}).items())})")
     print("GFLOP/s = 72 B s l h^2 (1 + s/6h + V/12lh) per step (Megatron, V padded) x steps/s; tokens/s from the "
           "mean timed step\n")

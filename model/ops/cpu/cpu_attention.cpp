@@ -2,13 +2,12 @@
 // Q, K and V are read in place from the packed qkv rows (leading dimension 3*H*D), so no transposes are
 // copied. Work is cut into blocks of kBlock query rows: block i only needs keys 0..end(i), which skips
 // the masked upper triangle except for the diagonal blocks (about half the FLOPs at long T). The products
-// are single-threaded sgemm calls issued from OpenMP loops: over (sequence, head, query block) forward,
+// are single-threaded oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops: over (sequence, head, query
+// block) forward,
 // where blocks are independent, and over (sequence, head) backward, where dK and dV need every block's dS.
 //
 // Backward, per (b, h) with P the softmax and S = scale * Q K^T:
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,6 +15,7 @@
 
 #include "model/ops/cpu/cpu_backend.h"
 #include "model/ops/cpu/cpu_math.h"
+#include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
@@ -28,6 +28,17 @@ namespace {
 constexpr int64_t kBlock = 64;
 
 int64_t query_blocks(int64_t T) { return (T + kBlock - 1) / kBlock; }
+
+// Row-major fp32 C[M,N] = alpha * op(A) . op(B), overwriting C (one thread inside the OpenMP loops below).
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+             const float* B, int64_t ldb, float* C, int64_t ldc) {
+  MatmulShape s;
+  s.trans_a = ta, s.trans_b = tb;
+  s.M = M, s.N = N, s.K = K;
+  s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  s.alpha = alpha;
+  matmul(s, A, B, C);
+}
 
 // Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
 void causal_softmax_row(float* row, int64_t i, int64_t T) {
@@ -62,7 +73,6 @@ void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int6
   const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = query_blocks(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
-  SingleThreadedBlas blas_guard;
   // One task per (sequence, head, query block); blocks further down the sequence cost more, so hand them
   // out dynamically.
   const bool threaded = B * H * T * T * D > (1 << 16);  // tiny problems are not worth waking threads for
@@ -77,10 +87,9 @@ void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int6
     float* p = pp + bh * T * T;
     const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
     // Scores for query rows i0..i1 against keys 0..i1 (later keys are all masked).
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, D, scale, q + i0 * ld, ld, k, ld, 0.f, p + i0 * T, T);
+    product(false, true, m, i1, D, scale, q + i0 * ld, ld, k, ld, p + i0 * T, T);
     for (int64_t i = i0; i < i1; ++i) causal_softmax_row(p + i * T, i, T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, i1, 1.f, p + i0 * T, T, v, ld, 0.f, o + i0 * ldo,
-                ldo);
+    product(false, false, m, D, i1, 1.f, p + i0 * T, T, v, ld, o + i0 * ldo, ldo);
   }
   of.commit();
 }
@@ -98,7 +107,6 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = query_blocks(T);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
-  SingleThreadedBlas blas_guard;
 #pragma omp parallel if (B * H * T * T * D > (1 << 16))
   {
     // dP, turned into scale * dS in place; only the lower-triangle blocks are ever written or read.
@@ -117,8 +125,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       float* s = ds.get();
       for (int64_t blk = 0; blk < nblk; ++blk) {
         const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, 0.f, s + i0 * T,
-                    T);
+        product(false, true, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, s + i0 * T, T);
         for (int64_t i = i0; i < i1; ++i) {
           const float* pr = p + i * T;
           float* sr = s + i * T;
@@ -129,16 +136,13 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           for (int64_t j = 0; j <= i; ++j) sr[j] = scale * pr[j] * (sr[j] - dot);
           for (int64_t j = i + 1; j < i1; ++j) sr[j] = 0.f;  // masked part of the diagonal block
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, i1, 1.f, s + i0 * T, T, k, ld, 0.f, dq + i0 * ld,
-                    ld);
+        product(false, false, m, D, i1, 1.f, s + i0 * T, T, k, ld, dq + i0 * ld, ld);
       }
       // Key block j0..j1 is attended to by query rows j0..T only.
       for (int64_t blk = 0; blk < nblk; ++blk) {
         const int64_t j0 = blk * kBlock, j1 = std::min(T, j0 + kBlock), w = j1 - j0, rows = T - j0;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w, D, rows, 1.f, s + j0 * T + j0, T, q + j0 * ld, ld, 0.f,
-                    dk + j0 * ld, ld);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, w, D, rows, 1.f, p + j0 * T + j0, T, dO + j0 * ldo, ldo,
-                    0.f, dv + j0 * ld, ld);
+        product(true, false, w, D, rows, 1.f, s + j0 * T + j0, T, q + j0 * ld, ld, dk + j0 * ld, ld);
+        product(true, false, w, D, rows, 1.f, p + j0 * T + j0, T, dO + j0 * ldo, ldo, dv + j0 * ld, ld);
       }
     }
   }

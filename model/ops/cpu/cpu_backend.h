@@ -1,6 +1,6 @@
-// CpuBackend: the Backend interface on host memory. The linear layers' products run on the backend's own
-// AVX-512 GEMMs (cpu_gemm.h: fp32, and bf16 on AVX512-BF16), or OpenBLAS sgemm on CPUs without AVX-512;
-// the attention core's small per-head products go to OpenBLAS (cblas_sgemm); the rest
+// CpuBackend: the Backend interface on host memory. Every matrix product (the linear layers and the
+// attention core's per-head products) runs on oneDNN's matmul (cpu_matmul.h: fp32, and bf16 with fp32
+// accumulation), which dispatches on the CPU's instruction set at run time; the rest
 // are OpenMP loops written so the compiler vectorises them. Kernels compute in fp32; BF16/F16 tensors are
 // accepted everywhere a float tensor is and are converted on the way in and out (see cpu_tensor_access.h).
 // The implementation is split by concern: cpu_memory.cpp (allocation, fill, copy, upload/download),

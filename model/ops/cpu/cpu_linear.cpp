@@ -1,16 +1,13 @@
-// Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one GEMM split into
-// per-thread slabs (cpu_parallel.h). With bf16 weights on a CPU with AVX512-BF16 the products run on the
-// bf16 GEMM (cpu_gemm.h), any fp32 operand (the LM head's logit gradient) rounded to bf16 first, as
-// autocast does; otherwise every operand is read as fp32 and multiplied by OpenBLAS sgemm. The bias is
-// folded in by pre-filling y with it and running the product with beta = 1; weight gradients accumulate
-// the same way (beta = 1).
-#include <cblas.h>
-
+// Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one oneDNN matmul
+// (cpu_matmul.h). With bf16 weights the products take bf16 operands, any fp32 operand (the LM head's logit
+// gradient) rounded to bf16 first, as autocast does; otherwise every operand is read as fp32. The bias is
+// an input of the forward product and weight gradients accumulate into dw in the product itself
+// (beta = 1), so neither costs a pass of its own.
 #include <optional>
 #include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
-#include "model/ops/cpu/cpu_gemm.h"
+#include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
@@ -20,8 +17,8 @@ using namespace cpu;
 
 namespace {
 
-// The layer's products run in bf16 when its weights are bf16 and the CPU has the bf16 GEMM.
-bool use_bf16_gemm(const Tensor& w) { return w.dtype() == DType::BF16 && bf16_gemm_available(); }
+// The layer's products run in bf16 when its weights are bf16.
+bool use_bf16_gemm(const Tensor& w) { return w.dtype() == DType::BF16; }
 
 // A GEMM operand read once in the precision the products use: bf16 bits or an fp32 view.
 class Operand {
@@ -41,19 +38,19 @@ class Operand {
   std::optional<F32Input> f32_;
 };
 
-// Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] + beta * C over dense operands (leading dimensions follow from
-// the shapes).
+// Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] (+ bias) + beta * C over dense operands (leading dimensions
+// follow from the shapes).
 void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
-             float beta, float* c) {
-  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
-  if (a.bf16()) {
-    parallel_gemm_bf16(trans_a, trans_b, M, N, K, 1.f, a.bf16(), lda, b.bf16(), ldb, beta, c, N);
-  } else if (f32_gemm_available()) {
-    parallel_gemm_f32(trans_a, trans_b, M, N, K, 1.f, a.f32(), lda, b.f32(), ldb, beta, c, N);
-  } else {
-    parallel_sgemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.f, a.f32(),
-                   lda, b.f32(), ldb, beta, c, N);
-  }
+             float beta, float* c, const float* bias = nullptr) {
+  MatmulShape s;
+  s.trans_a = trans_a, s.trans_b = trans_b;
+  s.M = M, s.N = N, s.K = K;
+  s.lda = trans_a ? M : K, s.ldb = trans_b ? K : N, s.ldc = N;
+  s.a = s.b = a.bf16() ? MatType::BF16 : MatType::F32;
+  s.beta = beta;
+  s.bias = bias != nullptr;
+  matmul(s, a.bf16() ? static_cast<const void*>(a.bf16()) : a.f32(),
+         b.bf16() ? static_cast<const void*>(b.bf16()) : b.f32(), c, bias);
 }
 
 }  // namespace
@@ -65,26 +62,12 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   const bool bf16 = use_bf16_gemm(w);
   const Operand xo(x, bf16, op, "x"), wo(w, bf16, op, "w");
   F32Output yf(y, false, op, "y");
-  float* yp = yf.get();
-  float beta = 0.f;
+  std::optional<F32Input> bias;
   if (b) {
     require_numel(*b, d.out, op, "b", shape_str({d.out}));
-    F32Input bf(*b, op, "b");
-    const float* bp = bf.get();
-#pragma omp parallel for schedule(static) if (d.rows * d.out > (1 << 16))
-    for (int64_t n = 0; n < d.rows; ++n) {
-      float* row = yp + n * d.out;
-      for (int64_t o = 0; o < d.out; ++o) row[o] = bp[o];
-    }
-    beta = 1.f;
+    bias.emplace(*b, op, "b");
   }
-  if (d.rows > 0 && d.out > 0) {
-    if (d.in > 0) {
-      product(false, true, d.rows, d.out, d.in, xo, wo, beta, yp);
-    } else if (!b) {
-      for (int64_t i = 0; i < d.rows * d.out; ++i) yp[i] = 0.f;  // empty sum
-    }
-  }
+  product(false, true, d.rows, d.out, d.in, xo, wo, 0.f, yf.get(), bias ? bias->get() : nullptr);
   yf.commit();
 }
 
@@ -103,18 +86,12 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
     require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
     const Operand wo(w, bf16, op, "w");
     F32Output dxf(*dx, false, op, "dx");
-    if (work) {
-      product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxf.get());
-    } else {
-      for (int64_t i = 0; i < d.rows * d.in; ++i) dxf.get()[i] = 0.f;
-    }
+    product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxf.get());  // d.out = 0: zeros
     dxf.commit();
   }
 
   F32Output dwf(dw, true, op, "dw");
-  if (work) {
-    product(true, false, d.out, d.in, d.rows, dyo, xo, 1.f, dwf.get());
-  }
+  if (work) product(true, false, d.out, d.in, d.rows, dyo, xo, 1.f, dwf.get());
   dwf.commit();
 
   if (db) {

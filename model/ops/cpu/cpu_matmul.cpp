@@ -1,0 +1,150 @@
+// oneDNN matmul (see cpu_matmul.h): the primitive cache and the execution of one product. Strided memory
+// descriptors express transposes and leading dimensions without copies; the bias is a matmul input and
+// beta a sum post-op, so neither costs a pass of its own.
+#include "model/ops/cpu/cpu_matmul.h"
+
+#include <dnnl.hpp>
+#include <fmt/format.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <tuple>
+#include <vector>
+
+#include "model/ops/half.h"
+
+namespace gpt::cpu {
+
+namespace {
+
+using dnnl::memory;
+
+const dnnl::engine& engine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+memory::data_type dnnl_type(MatType t) { return t == MatType::BF16 ? memory::data_type::bf16 : memory::data_type::f32; }
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, float, float, bool>;
+
+Key key_of(const MatmulShape& s) {
+  return {s.trans_a, s.trans_b, s.M,  s.N, s.K, s.lda, s.ldb, s.ldc, static_cast<int>(s.a), static_cast<int>(s.b),
+          s.alpha,   s.beta,    s.bias};
+}
+
+struct Prepared {
+  dnnl::matmul primitive;
+  memory::desc a, b, c, bias;
+};
+
+// Builds the primitive for `s`; throws dnnl::error when this library has no implementation for it.
+std::shared_ptr<Prepared> prepare(const MatmulShape& s) {
+  auto p = std::make_shared<Prepared>();
+  const memory::dims a_strides = s.trans_a ? memory::dims{1, s.lda} : memory::dims{s.lda, 1};
+  const memory::dims b_strides = s.trans_b ? memory::dims{1, s.ldb} : memory::dims{s.ldb, 1};
+  p->a = memory::desc({s.M, s.K}, dnnl_type(s.a), a_strides);
+  p->b = memory::desc({s.K, s.N}, dnnl_type(s.b), b_strides);
+  p->c = memory::desc({s.M, s.N}, memory::data_type::f32, memory::dims{s.ldc, 1});
+  if (s.bias) p->bias = memory::desc({1, s.N}, memory::data_type::f32, memory::dims{s.N, 1});
+  dnnl::primitive_attr attr;
+  if (s.alpha != 1.f) attr.set_output_scales(0, {s.alpha});
+  if (s.beta != 0.f) {
+    dnnl::post_ops ops;
+    ops.append_sum(s.beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::desc d = s.bias ? dnnl::matmul::desc(p->a, p->b, p->bias, p->c) : dnnl::matmul::desc(p->a, p->b, p->c);
+  p->primitive = dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, engine()));
+  return p;
+}
+
+std::mutex g_cache_mu;
+std::map<Key, std::shared_ptr<Prepared>> g_cache;  // guarded by g_cache_mu
+
+std::shared_ptr<Prepared> cached(const MatmulShape& s) {
+  const Key k = key_of(s);
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = g_cache.find(k);
+    if (it != g_cache.end()) return it->second;
+  }
+  auto p = prepare(s);  // outside the lock: creation can take a while
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  return g_cache.emplace(k, p).first->second;
+}
+
+void execute(const Prepared& p, const void* A, const void* B, float* C, const float* bias) {
+  thread_local dnnl::stream stream(engine());
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, memory(p.a, engine(), const_cast<void*>(A))},
+      {DNNL_ARG_WEIGHTS, memory(p.b, engine(), const_cast<void*>(B))},
+      {DNNL_ARG_DST, memory(p.c, engine(), C)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias, engine(), const_cast<float*>(bias)));
+  p.primitive.execute(stream, args);
+  stream.wait();
+}
+
+// fp32 copy of a stored [rows, cols] operand with leading dimension ld (rows x cols as stored).
+std::vector<float> widen(const void* data, MatType t, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * ld));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * ld + c;
+      out[i] = t == MatType::BF16 ? bf16_to_fp32(static_cast<const uint16_t*>(data)[i]) : static_cast<const float*>(data)[i];
+    }
+  return out;
+}
+
+}  // namespace
+
+void matmul(const MatmulShape& s, const void* A, const void* B, float* C, const float* bias) {
+  if (s.M <= 0 || s.N <= 0) return;
+  if (s.K <= 0) {  // an empty sum: oneDNN wants K >= 1
+    for (int64_t i = 0; i < s.M; ++i)
+      for (int64_t j = 0; j < s.N; ++j) {
+        float& c = C[i * s.ldc + j];
+        c = (s.beta == 0.f ? 0.f : s.beta * c) + (bias ? bias[j] : 0.f);
+      }
+    return;
+  }
+  if (s.bias && s.alpha != 1.f) throw std::invalid_argument("cpu::matmul: alpha with a bias is not supported");
+  if (s.bias != (bias != nullptr)) throw std::invalid_argument("cpu::matmul: bias pointer and shape disagree");
+  std::shared_ptr<Prepared> p;
+  try {
+    p = cached(s);
+  } catch (const dnnl::error& e) {
+    if (s.a == MatType::F32 && s.b == MatType::F32)
+      throw std::runtime_error(fmt::format("oneDNN matmul {}x{}x{}: {}", s.M, s.N, s.K, e.what()));
+    // bf16 that this CPU or library cannot run: the same product on fp32 copies.
+    MatmulShape f = s;
+    f.a = f.b = MatType::F32;
+    const auto a = widen(A, s.a, s.trans_a ? s.K : s.M, s.trans_a ? s.M : s.K, s.lda);
+    const auto b = widen(B, s.b, s.trans_b ? s.N : s.K, s.trans_b ? s.K : s.N, s.ldb);
+    return matmul(f, a.data(), b.data(), C, bias);
+  }
+  execute(*p, A, B, C, bias);
+}
+
+std::string matmul_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+
+std::string matmul_library_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+}
+
+}  // namespace gpt::cpu
