@@ -287,9 +287,10 @@ int run_distributed_command(const ParsedArgs& args) {
   std::unique_ptr<Backend> backend;
   try {
     backend = make_backend(cfg.backend, launch.env.local_rank);
-  } catch (const std::exception& e) {  // e.g. backend cuda without a visible GPU: the same on every rank
-    throw StartupError(std::string("config ") + cfg.source + ": " + e.what());
+  } catch (const std::exception& e) {  // e.g. backend cuda on a node without a visible GPU
+    error = fmt::format("config {}: rank {}: {}", cfg.source, rank, e.what());
   }
+  agree_or_throw<StartupError>(*startup_world, error);  // every rank stops alike, naming the first that failed
   // On a device backend the tp/pp/dp groups move to the device communicator (NCCL); collective, same
   // point on every rank.
   use_device_communicators(ps, *backend);

@@ -89,6 +89,7 @@ class Trainer {
   LrSchedule lr_;
   int64_t iteration_ = 0, consumed_ = 0;
   std::string lineage_parent_;     // the checkpoint of checkpoint.dir this run continues: resumed or last saved
+  std::string lineage_parent_id_;  // its CheckpointMeta::id
   int64_t nonfinite_streak_ = 0;   // consecutive steps that count towards training.max_nonfinite_steps
   bool resume_attempted_ = false;  // train() auto-resumes once, unless resume() was called already
   std::string resumed_without_moments_;  // the checkpoint loaded, when it held no Adam moments

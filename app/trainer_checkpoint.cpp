@@ -47,11 +47,12 @@ void Trainer::save_checkpoint() {
   if (cfg_.checkpoint.dir.empty())
     throw ConfigError("config " + cfg_.source + ": checkpoint.dir is empty, so there is nowhere to save a checkpoint");
   CheckpointProgress progress{iteration_,       consumed_,       optimizer_->adam().steps_taken(), cfg_.training.seed,
-                              scaler_.dynamic(), scaler_.state(), lineage_parent_};
+                              scaler_.dynamic(), scaler_.state(), lineage_parent_,  lineage_parent_id_};
   WatchdogScope watch("saving the checkpoint of iteration " + std::to_string(iteration_), WatchdogScope::kStartup);
   CheckpointSaveReport r =
       save_distributed_checkpoint(cfg_.checkpoint.dir, checkpoint_model(*this), progress, cfg_.checkpoint.keep_last);
   lineage_parent_ = std::filesystem::path(r.path).filename().string();
+  lineage_parent_id_ = r.id;
   if (ps_.rank == 0) {
     spdlog::info("saved checkpoint {} at iteration {}: {} bytes in {:.3f} s ({:.1f} MB/s)", r.path, iteration_,
                  r.bytes, r.seconds, r.bytes / 1e6 / std::max(r.seconds, 1e-9));
@@ -75,7 +76,7 @@ bool Trainer::resume() {
   const bool finetune = !r && cfg_.checkpoint.finetune;
   // The lineage this run continues, for pruning: a checkpoint of checkpoint.dir (saves elsewhere start a
   // new one).
-  if (r) lineage_parent_ = std::filesystem::path(r->path).filename().string();
+  if (r) lineage_parent_ = std::filesystem::path(r->path).filename().string(), lineage_parent_id_ = r->meta.id;
   if (!r && !cfg_.checkpoint.load.empty()) {
     model.load_optimizer_state = !finetune;  // fine-tuning: the moments start at zero
     r = load_distributed_checkpoint(cfg_.checkpoint.load, true, model);

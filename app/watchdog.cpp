@@ -59,18 +59,23 @@ bool receive_if_there(MPI_Comm comm, int source, int tag, std::string& text, int
   return true;
 }
 
-// Sends without blocking for long: a peer that never receives must not hang the census.
+// Sends without blocking for long: a peer that never receives must not hang the census. The buffer
+// outlives a send that did not complete in time (the process is about to abort anyway).
 void send_bounded(MPI_Comm comm, const std::string& text, int dest, int tag, double wait_s) {
   MPI_Request request;
-  const int n = static_cast<int>(std::min<size_t>(text.size(), kMaxMessage));
-  MPI_Isend(text.data(), n, MPI_CHAR, dest, tag, comm, &request);
+  auto* buffer = new std::string(text.substr(0, kMaxMessage));
+  if (MPI_Isend(buffer->data(), static_cast<int>(buffer->size()), MPI_CHAR, dest, tag, comm, &request) != MPI_SUCCESS) {
+    delete buffer;
+    return;
+  }
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
   int done = 0;
   while (!done && std::chrono::steady_clock::now() < until) {
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
     if (!done) sleep_s(0.01);
   }
-  if (!done) MPI_Request_free(&request);
+  if (done) delete buffer;
+  else MPI_Request_free(&request);  // `buffer` is left to the process's end
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -91,6 +96,9 @@ Watchdog::Watchdog(Options options, Action on_expiry)
       auto* comm = new MPI_Comm;
       MPI_Comm_dup(MPI_COMM_WORLD, comm);  // collective: every rank starts its watchdog at the same point
       MPI_Comm_set_name(*comm, "watchdog census");
+      // Errors (a dead peer) come back as codes and count as silence; the world's handler would abort
+      // before the verdict is printed.
+      MPI_Comm_set_errhandler(*comm, MPI_ERRORS_RETURN);
       census_comm_ = comm;
     }
   }
@@ -161,19 +169,19 @@ std::string Watchdog::take_census(const std::string& message) {
   int size = 1;
   MPI_Comm_size(comm, &size);
   std::vector<MPI_Request> requests(size, MPI_REQUEST_NULL);
-  std::vector<std::vector<char>> buffers(size, std::vector<char>(kMaxMessage));
+  // Receive buffers live until the process ends: a cancelled receive may still complete late.
+  auto& buffers = *new std::vector<std::vector<char>>(size, std::vector<char>(kMaxMessage));
   std::vector<std::string> statuses(size);
   for (int r = 1; r < size; ++r) {
     MPI_Request send;
-    MPI_Isend(nullptr, 0, MPI_CHAR, r, kTagRequest, comm, &send);
-    MPI_Request_free(&send);
+    if (MPI_Isend(nullptr, 0, MPI_CHAR, r, kTagRequest, comm, &send) == MPI_SUCCESS) MPI_Request_free(&send);
     MPI_Irecv(buffers[r].data(), kMaxMessage, MPI_CHAR, r, kTagStatus, comm, &requests[r]);
   }
   {
     std::string phase;
     double waited = 0;
     std::lock_guard<std::mutex> lock(mu_);
-    phase = phase_;
+    if (armed_ || !phase_.empty()) phase = phase_;  // the phase that expired stays named after it disarms
     waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - armed_at_).count();
     statuses[0] = census_status(phase, waited);
   }

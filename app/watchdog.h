@@ -69,7 +69,7 @@ class Watchdog {
  private:
   void run();
   double timeout_s(Kind kind) const;
-  // The census (watchdog thread only; `lock` held on entry and exit).
+  // The census (watchdog thread only; called without mu_ held).
   std::string census_status(const std::string& phase, double waited) const;
   void answer_census_requests();
   std::string take_census(const std::string& message);

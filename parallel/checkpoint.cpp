@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <random>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
@@ -132,6 +133,11 @@ void load_tensors(const std::string& dir, const CheckpointMeta& meta, const Chec
   bytes = reader.bytes_read();
 }
 
+std::string random_id() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
 // Reads every piece of a checkpoint once, checking each against the CRC-32 in the index.
 void verify_checkpoint_data(const std::string& dir, const CheckpointMeta& meta) {
   CheckpointReader reader(dir, meta);
@@ -161,10 +167,12 @@ std::string newest_verified_checkpoint(const std::string& dir, const CheckpointM
         throw CheckpointError(fmt::format("its index says iteration {}", meta.iteration));
       validate_checkpoint(candidate, meta, m);
       verify_checkpoint_data(candidate, meta);
-      note = fmt::format("{}/{} is missing: resuming from the newest complete checkpoint, {} (index, rank files and "
-                         "checksums verified)",
+      note = fmt::format("{}/{} is missing: resuming from the most recently saved complete checkpoint, {} (index, "
+                         "rank files and checksums verified)",
                          dir, kLatestFile, fs::path(candidate).filename().string());
       for (const std::string& r : rejected) note += "; skipped " + r;
+      for (char& c : note)
+        if (c == '\n') c = ' ';  // the note travels as one line
       return candidate;
     } catch (const std::exception& e) {
       rejected.push_back(fs::path(candidate).filename().string() + " (" + e.what() + ")");
@@ -212,6 +220,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
   std::vector<std::string> entries = all_gather_strings(world, wrote ? stored_file_to_yaml(mine) : "");
 
   // 3. Rank 0 commits: metadata, directory rename, then the `latest` pointer.
+  const std::string new_id = broadcast_string(world, world.rank() == 0 ? random_id() : "", 0);
   int64_t bytes = 0;
   std::vector<std::string> notes;
   if (world.rank() == 0) {
@@ -219,6 +228,9 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
       CheckpointMeta meta;
       meta.iteration = progress.iteration;
       meta.parent = progress.parent;
+      meta.parent_id = progress.parent_id;
+      meta.id = new_id;
+      meta.saved_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
       meta.consumed_samples = progress.consumed_samples;
       meta.optimizer_steps = progress.optimizer_steps;
       meta.rng_seed = progress.rng_seed;
@@ -247,7 +259,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
   agree(world, error);
   double total = static_cast<double>(bytes);
   world.all_reduce_host(&total, 1);
-  return {final_dir.string(), static_cast<int64_t>(total), seconds_since(t0), notes};
+  return {final_dir.string(), new_id, static_cast<int64_t>(total), seconds_since(t0), notes};
 }
 
 void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m) {

@@ -53,10 +53,12 @@ struct CheckpointProgress {
   bool loss_scaler_dynamic = false;
   LossScaler::State loss_scaler;
   std::string parent;  // CheckpointMeta::parent: the previous checkpoint of this lineage in the same directory
+  std::string parent_id;  // and its id
 };
 
 struct CheckpointSaveReport {
   std::string path;     // the complete iteration directory
+  std::string id;       // its CheckpointMeta::id
   int64_t bytes = 0;    // all rank files plus the metadata
   double seconds = 0;
   std::vector<std::string> notes;  // rank 0: directories set aside or pruned, for the log

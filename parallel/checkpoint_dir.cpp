@@ -11,10 +11,13 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <tuple>
 #include <regex>
 #include <sstream>
 
 #include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint_lock.h"
 
 namespace gpt {
 
@@ -62,7 +65,7 @@ std::string read_text_file(const std::string& path) {
 namespace {
 
 const std::regex& complete_name() {
-  static const std::regex re("iter_([0-9]+)");
+  static const std::regex re("iter_([0-9]{1,18})");
   return re;
 }
 
@@ -71,13 +74,13 @@ std::string trimmed(std::string text) {
   return text;
 }
 
-// The `parent` of a complete checkpoint, read from its index ("" when absent or unreadable).
-std::string parent_of(const fs::path& checkpoint) {
+// The index of a complete checkpoint, or nothing when it cannot be read.
+std::optional<CheckpointMeta> index_of(const fs::path& checkpoint) {
   try {
     const std::string path = (checkpoint / kMetadataFile).string();
-    return checkpoint_meta_from_yaml(read_text_file(path), path).parent;
+    return checkpoint_meta_from_yaml(read_text_file(path), path);
   } catch (const std::exception&) {
-    return "";  // a damaged index ends the walk: nothing beyond it is deleted
+    return std::nullopt;
   }
 }
 
@@ -116,23 +119,27 @@ std::string resolve_checkpoint(const std::string& path) {
 }
 
 std::vector<std::string> complete_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
+  // (saved_at, iteration, path): the most recently committed first (the one `latest` last named), then by
+  // iteration for indexes that do not record the time.
+  std::vector<std::tuple<double, int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     std::smatch m;
     if (entry.is_directory(ec) && std::regex_match(name, m, complete_name()) &&
-        fs::exists(entry.path() / kMetadataFile, ec))
-      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+        fs::exists(entry.path() / kMetadataFile, ec)) {
+      const auto meta = index_of(entry.path());
+      found.emplace_back(meta ? meta->saved_at : 0.0, std::stoll(m[1].str()), entry.path().string());
+    }
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
   std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
+  for (auto& f : found) out.push_back(std::move(std::get<2>(f)));
   return out;
 }
 
 void remove_interrupted_saves(const std::string& dir) {
-  static const std::regex staging("iter_[0-9]+\\.tmp");
+  static const std::regex staging("iter_[0-9]+\\.(tmp|deleting)");
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.is_directory() && std::regex_match(entry.path().filename().string(), staging))
@@ -147,23 +154,35 @@ std::vector<std::string> prune_lineage(const std::string& dir, const std::string
   std::string latest;
   if (fs::exists(fs::path(dir) / kLatestFile, ec)) latest = trimmed(read_text_file((fs::path(dir) / kLatestFile).string()));
   // Walk the parent links from the newest; iterations strictly decrease along a lineage, which also
-  // rules out cycles in a hand-edited index.
+  // rules out cycles in a hand-edited index, and a parent whose id differs from the recorded one is a
+  // directory of another lineage that took the name (after a rollback): the walk stops there.
   std::vector<std::string> chain;
   int64_t below = std::numeric_limits<int64_t>::max();
-  for (std::string name = newest; !name.empty();) {
+  std::string name = newest, expected_id;
+  while (!name.empty()) {
     std::smatch m;
     if (!std::regex_match(name, m, complete_name())) break;
     const int64_t it = std::stoll(m[1].str());
     const fs::path path = fs::path(dir) / name;
-    if (it >= below || !fs::exists(path / kMetadataFile, ec)) break;
+    const auto meta = index_of(path);
+    if (it >= below || !meta || (!expected_id.empty() && meta->id != expected_id)) break;
     below = it;
     chain.push_back(name);
-    name = parent_of(path);
+    name = meta->parent;
+    expected_id = meta->parent_id;
   }
   for (size_t i = static_cast<size_t>(keep_last); i < chain.size(); ++i) {
     if (chain[i] == latest) continue;
-    fs::remove_all(fs::path(dir) / chain[i], ec);
-    if (ec) throw CheckpointError("cannot delete old checkpoint " + (fs::path(dir) / chain[i]).string() + ": " + ec.message());
+    // Renamed out of the complete names first, so a deletion cut short never leaves a directory that
+    // looks complete; a failure is reported, not fatal: the new checkpoint is already committed.
+    const fs::path from = fs::path(dir) / chain[i], doomed = fs::path(dir) / (chain[i] + ".deleting");
+    fs::rename(from, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
+    if (ec) {
+      deleted.push_back("(could not delete " + chain[i] + ": " + ec.message() + ")");
+      ec.clear();
+      continue;
+    }
     deleted.push_back(chain[i]);
   }
   return deleted;
@@ -171,6 +190,7 @@ std::vector<std::string> prune_lineage(const std::string& dir, const std::string
 
 std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration) {
   const fs::path tmp = fs::path(dir) / (iteration_dir_name(iteration) + ".tmp");
+  require_lock_held_if_locked(dir);
   try {
     fs::create_directories(dir);
     remove_interrupted_saves(dir);
@@ -187,6 +207,7 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
   const fs::path final_dir = fs::path(dir) / name;
   const fs::path tmp = fs::path(dir) / (name + ".tmp");
   try {
+    require_lock_held_if_locked(dir);
     write_file_durably((tmp / kMetadataFile).string(), checkpoint_meta_to_yaml(meta));
     fsync_path(tmp.string());
     // The same iteration saved before by a lineage that was rolled back: keep it, under another name.
@@ -202,7 +223,9 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
     fsync_path(dir);
     write_file_durably((fs::path(dir) / kLatestFile).string(), name + "\n");
     for (const std::string& gone : prune_lineage(dir, name, keep_last))
-      if (notes) notes->push_back("deleted " + gone + " (older than the newest checkpoint.keep_last of this lineage)");
+      if (notes)
+        notes->push_back(gone[0] == '(' ? gone
+                                        : "deleted " + gone + " (older than the newest checkpoint.keep_last of this lineage)");
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": committing " + name + ": " + e.what());
   }

@@ -87,6 +87,10 @@ struct CheckpointMeta {
   // (empty: it started fresh, or from a checkpoint outside its directory). Pruning follows these links,
   // so it only ever deletes this lineage's older checkpoints.
   std::string parent;
+  // A random id of this checkpoint and the id of its parent: a parent name that now belongs to another
+  // lineage's directory (after a rollback renamed the old one) is told apart. Empty in older indexes.
+  std::string id, parent_id;
+  double saved_at = 0;  // seconds since the epoch when it was committed (0: unknown, older indexes)
   bool has_optimizer_state = true;  // false for imported weights: moments start at zero
   bool master_weights = false;      // fp32 master copies are stored separately (compute dtype not fp32)
   std::string dtype = "fp32";       // precision.dtype of the run that saved

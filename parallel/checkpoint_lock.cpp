@@ -15,6 +15,9 @@
 #include <fmt/format.h>
 #include <map>
 #include <random>
+#include <vector>
+#include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 #include "parallel/checkpoint_format.h"
@@ -51,73 +54,102 @@ double age_s(const std::string& path) {
 
 bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
+std::string slurm_job() {
+  const char* id = std::getenv("SLURM_JOB_ID");
+  return id ? id : "";
+}
+
 }  // namespace
 
 std::string CheckpointDirLock::describe_holder(const std::string& token) {
   const std::time_t now = std::time(nullptr);
   char when[64];
   std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return fmt::format("host={}\npid={}\nstarted={}\ntoken={}\n", host_name(), static_cast<long>(::getpid()), when, token);
+  return fmt::format("host={}\npid={}\nslurm_job={}\nstarted={}\ntoken={}\n", host_name(), static_cast<long>(::getpid()),
+                     slurm_job(), when, token);
 }
+
+namespace {
+
+// Creates `path` exclusively with `text`, fsynced. False when it exists already; throws on other errors.
+bool create_exclusively(const std::string& path, const std::string& text, const std::string& dir) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) return false;
+    throw CheckpointError("checkpoint directory " + dir + " is not writable: cannot create " + path + ": " +
+                          std::strerror(errno));
+  }
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(path.c_str());
+    throw CheckpointError("checkpoint directory " + dir + " is not writable: cannot write " + path + ": " +
+                          std::strerror(err));
+  }
+  fsync_path(dir);
+  return true;
+}
+
+}  // namespace
 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir, double stale_s, std::string* warning)
     : path_((fs::path(dir) / kLockFile).string()) {
+  if (!(stale_s > 0)) throw CheckpointError("checkpoint.lock_stale_s must be positive");
   std::random_device rd;
   token_ = fmt::format("{:08x}{:08x}", rd(), rd());
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw CheckpointError("checkpoint directory " + dir + " cannot be created: " + ec.message());
   const std::string text = describe_holder(token_);
-  int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd >= 0) {
-    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-    const int err = errno;
-    ::close(fd);
-    if (!ok) {
-      ::unlink(path_.c_str());
-      throw CheckpointError("checkpoint directory " + dir + " is not writable: cannot write " + path_ + ": " +
-                            std::strerror(err));
-    }
-  } else if (errno != EEXIST) {
-    throw CheckpointError("checkpoint directory " + dir + " is not writable: cannot create " + path_ + ": " +
-                          std::strerror(errno));
-  } else {
+  // A few rounds: a stale lock moved away by another starting run makes the next create succeed or see
+  // that run's fresh lock.
+  for (int round = 0; !create_exclusively(path_, text, dir); ++round) {
     std::string held;
     try {
       held = read_text_file(path_);
     } catch (const std::exception&) {
+      if (round < 3) continue;  // moved away between the create and the read
     }
     auto holder = parse_lock(held);
     const double age = age_s(path_);
     const bool same_host = holder["host"] == host_name();
     const long pid = std::atol(holder["pid"].c_str());
-    const bool stale = same_host ? !process_alive(pid) : (age < 0 || age >= stale_s);
+    const std::string job = slurm_job();
+    const bool same_job = !job.empty() && holder["slurm_job"] == job;  // a requeued job, on any node
+    const bool stale = same_job || (same_host ? !process_alive(pid) : (age < 0 || age >= stale_s));
     const std::string who = fmt::format("host {} pid {} (started {}, refreshed {:.0f} s ago)",
                                         printable(holder["host"], 64), printable(holder["pid"], 20),
                                         printable(holder["started"], 32), age);
-    if (!stale)
+    if (!stale || round >= 3)
       throw CheckpointError(fmt::format(
           "checkpoint directory {} is locked by another run: {} holds {}. Two runs must not write one directory. "
           "If that run is gone, delete the lock file; a lock {} is taken over automatically",
           dir, who, path_,
           same_host ? "whose process is gone" : fmt::format("not refreshed for checkpoint.lock_stale_s = {:g} s", stale_s)));
+    // Take over: move the stale lock to a name of our own (only one contender's rename can succeed), check
+    // that it is the one judged stale, then create ours exclusively.
+    const std::string moved = path_ + ".stale." + token_;
+    if (::rename(path_.c_str(), moved.c_str()) != 0) continue;  // another run moved it first
+    std::string moved_text;
     try {
-      write_file_durably(path_, text);  // an atomic rename over the stale lock
-    } catch (const std::exception& e) {
-      throw CheckpointError("checkpoint directory " + dir + " is not writable: " + e.what());
+      moved_text = read_text_file(moved);
+    } catch (const std::exception&) {
     }
-    if (!still_ours())
-      throw CheckpointError("checkpoint directory " + dir + ": another run took over the stale lock " + path_ +
-                            " at the same moment");
+    ::unlink(moved.c_str());
+    if (parse_lock(moved_text)["token"] != holder["token"]) continue;  // a fresh lock replaced it meanwhile
     if (warning)
       *warning = fmt::format("took over the stale lock {} of {}: {}", path_, who,
-                             same_host ? "that process is gone" : "its heartbeat stopped");
+                             same_job ? "the same Slurm job, restarted"
+                                      : same_host ? "that process is gone" : "its heartbeat stopped");
   }
+  register_lock(this);
   const double interval = std::max(0.5, std::min(30.0, stale_s / 4));
   thread_ = std::thread([this, interval] { heartbeat(interval); });
 }
 
 CheckpointDirLock::~CheckpointDirLock() {
+  unregister_lock(this);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -137,8 +169,41 @@ bool CheckpointDirLock::still_ours() const {
 
 void CheckpointDirLock::heartbeat(double interval_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stopping_; }))
+  while (!cv_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stopping_; })) {
+    if (!still_ours()) {  // taken over while this process was stopped or cut off: never refresh another's
+      lost_ = true;
+      continue;
+    }
     ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);  // now
+  }
+}
+
+void CheckpointDirLock::require_held() const {
+  if (lost_ || !still_ours())
+    throw CheckpointError("the lock " + path_ + " is no longer this run's (another run took it over while this one "
+                          "was stopped or cut off): refusing to write the checkpoint directory");
+}
+
+namespace {
+std::mutex g_locks_mu;
+std::vector<const CheckpointDirLock*> g_locks;  // guarded by g_locks_mu
+}  // namespace
+
+void register_lock(const CheckpointDirLock* lock) {
+  std::lock_guard<std::mutex> guard(g_locks_mu);
+  g_locks.push_back(lock);
+}
+
+void unregister_lock(const CheckpointDirLock* lock) {
+  std::lock_guard<std::mutex> guard(g_locks_mu);
+  g_locks.erase(std::remove(g_locks.begin(), g_locks.end(), lock), g_locks.end());
+}
+
+void require_lock_held_if_locked(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kLockFile).string();
+  std::lock_guard<std::mutex> guard(g_locks_mu);
+  for (const CheckpointDirLock* lock : g_locks)
+    if (lock->path() == path) lock->require_held();
 }
 
 }  // namespace gpt

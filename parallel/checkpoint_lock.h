@@ -3,7 +3,10 @@
 // `checkpoint.dir/gpt-train.lock`, created exclusively, naming the host, process and start time of its
 // holder; a heartbeat refreshes its modification time while the run lives. A lock is stale, and is taken
 // over with a warning, when its holder ran on this host and that process is gone, or when it has not
-// been refreshed for `stale_s` seconds (a holder on another host, whose process cannot be checked).
+// been refreshed for `stale_s` seconds (a holder on another host, whose process cannot be checked), or when
+// it belongs to the same Slurm job (SLURM_JOB_ID), restarted on any node. A take-over first moves the
+// stale file to a name of its own, so two starting runs cannot both take it. The heartbeat notices when
+// the lock stopped being this run's (taken over while this process was stopped), and every save checks.
 // Taking the lock is also the start-up check that the directory is writable.
 #pragma once
 #include <atomic>
@@ -27,6 +30,8 @@ class CheckpointDirLock {
   CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
 
   const std::string& path() const { return path_; }
+  // Throws CheckpointError when the lock is no longer this run's.
+  void require_held() const;
   // The lock's text for this process: host, pid, start time and a token unique to this holder.
   static std::string describe_holder(const std::string& token);
 
@@ -38,7 +43,15 @@ class CheckpointDirLock {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  std::atomic<bool> lost_{false};
   std::thread thread_;
 };
+
+// The locks this process holds, so the checkpoint writer can check the one of its directory.
+void register_lock(const CheckpointDirLock* lock);
+void unregister_lock(const CheckpointDirLock* lock);
+// Throws CheckpointError when this process locked `dir` and has lost that lock; nothing when it holds no
+// lock on `dir` (tests and tools that write checkpoints without one).
+void require_lock_held_if_locked(const std::string& dir);
 
 }  // namespace gpt

@@ -242,6 +242,9 @@ std::string checkpoint_meta_to_yaml(const CheckpointMeta& m) {
   out << YAML::Key << "version" << YAML::Value << m.version;
   out << YAML::Key << "iteration" << YAML::Value << m.iteration;
   out << YAML::Key << "parent" << YAML::Value << m.parent;
+  out << YAML::Key << "id" << YAML::Value << m.id;
+  out << YAML::Key << "parent_id" << YAML::Value << m.parent_id;
+  out << YAML::Key << "saved_at" << YAML::Value << fmt::format("{:.3f}", m.saved_at);
   out << YAML::Key << "consumed_samples" << YAML::Value << m.consumed_samples;
   out << YAML::Key << "optimizer_steps" << YAML::Value << m.optimizer_steps;
   out << YAML::Key << "has_optimizer_state" << YAML::Value << m.has_optimizer_state;
@@ -289,6 +292,9 @@ CheckpointMeta checkpoint_meta_from_yaml(const std::string& text, const std::str
   m.iteration = r.get_int(root, "iteration", "", 0);
   // The previous checkpoint of this one's lineage (absent in indexes written before it was recorded).
   if (root["parent"] && !root["parent"].IsNull()) m.parent = r.get<std::string>(root, "parent");
+  if (root["id"] && !root["id"].IsNull()) m.id = r.get<std::string>(root, "id");
+  if (root["parent_id"] && !root["parent_id"].IsNull()) m.parent_id = r.get<std::string>(root, "parent_id");
+  if (root["saved_at"] && !root["saved_at"].IsNull()) m.saved_at = r.get<double>(root, "saved_at");
   m.consumed_samples = r.get_int(root, "consumed_samples", "", 0);
   // At most one optimizer step per iteration (fewer when fp16 overflow skipped some).
   m.optimizer_steps = r.get_int(root, "optimizer_steps", "", 0, m.iteration, " (the iteration)");

@@ -111,6 +111,22 @@ TEST(CheckpointLineage, RollbackKeepsTheRollbackPointAndTheAbandonedBranch) {
   EXPECT_EQ(resumed_iteration(saving_config(tmp.path, 8, 2, 2), ps), 8);
 }
 
+// A parent name that now belongs to another lineage's directory (a rollback renamed the original) ends the
+// pruning walk: its id differs from the one recorded.
+TEST(CheckpointLineage, AParentNameTakenByAnotherLineageIsNotPruned) {
+  const TempDir tmp("reused");
+  ParallelState ps = single_process_state();
+  train_run(saving_config(tmp.path, 6, 2, 0), ps);  // lineage A: 2, 4, 6
+  write_file_durably(tmp.path + "/latest", "iter_0000002\n");
+  train_run(saving_config(tmp.path, 4, 2, 0), ps);  // lineage B from 2: its own 4 (A's is iter_0000004.abandoned)
+  const std::string b4 = read_text_file(tmp.path + "/iter_0000004/metadata.yaml");
+  write_file_durably(tmp.path + "/latest", "iter_0000006\n");  // back to A's newest
+  train_run(saving_config(tmp.path, 8, 2, 1), ps);  // 8 -> 6 -> "iter_0000004" (B's now): the walk stops at 6
+  EXPECT_EQ(entries(tmp.path), (std::vector<std::string>{"iter_0000002", "iter_0000004", "iter_0000004.abandoned",
+                                                         "iter_0000008", "latest"}));
+  EXPECT_EQ(read_text_file(tmp.path + "/iter_0000004/metadata.yaml"), b4);
+}
+
 TEST(CheckpointLineage, LatestNamingAStagingDirectoryOrHoldingBinaryIsAnError) {
   const TempDir tmp("badlatest");
   ParallelState ps = single_process_state();
@@ -183,6 +199,27 @@ TEST(CheckpointDirLockTest, HeldLocksAreRefusedStaleOnesTakenOver) {
     EXPECT_TRUE(contains(warning, "its heartbeat stopped")) << warning;
     EXPECT_TRUE(contains(read_text_file(lock), "pid=" + std::to_string(getpid())));
   }
+  // A lock taken over behind this run's back (while it was stopped) is noticed before any write.
+  {
+    CheckpointDirLock held(tmp.path, 300);
+    write_file_durably(lock, "host=elsewhere\npid=7\nstarted=x\ntoken=not-ours\n");
+    EXPECT_THROW(held.require_held(), CheckpointError);
+    try {
+      begin_checkpoint_dir(tmp.path, 5);
+      FAIL() << "a save went ahead without the lock";
+    } catch (const CheckpointError& e) {
+      EXPECT_TRUE(contains(e.what(), "no longer this run's")) << e.what();
+    }
+  }
+  EXPECT_TRUE(contains(read_text_file(lock), "token=not-ours"));  // another's lock is never deleted
+  // The same Slurm job restarted on another node takes its own lock over at once.
+  setenv("SLURM_JOB_ID", "4242", 1);
+  write_file_durably(lock, "host=other-node\npid=9\nslurm_job=4242\nstarted=x\ntoken=t\n");
+  {
+    CheckpointDirLock requeued(tmp.path, 300, &warning);
+    EXPECT_TRUE(contains(warning, "the same Slurm job, restarted")) << warning;
+  }
+  unsetenv("SLURM_JOB_ID");
   // A directory that cannot be created is reported as such, at start-up.
   write_file_durably(tmp.path + "/plain-file", "x");
   try {
