@@ -6,12 +6,31 @@
 
 #include "model/ops/adamw_update.h"
 #include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
 namespace gpt {
 
 using namespace cpu;
+
+namespace {
+
+GPT_CPU_KERNEL double sum_squares_chunk(const float* p, int64_t n) {
+  double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(p[i]) * p[i];
+  return acc;
+}
+
+GPT_CPU_KERNEL void adamw_chunk(float* wp, const float* gp, float* mp, float* vp, int64_t n, float lr, float beta1,
+                                float beta2, float eps, float weight_decay, float inv_bc1, float inv_bc2) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    ops::adamw_update(wp[i], gp[i], mp[i], vp[i], lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2);
+}
+
+}  // namespace
 
 double CpuBackend::sum_squares(const Tensor& t) {
   F32Input tf(t, "sum_squares", "t");
@@ -26,10 +45,7 @@ double CpuBackend::sum_squares(const Tensor& t) {
     used = omp_get_num_threads();
     int64_t lo, hi;
     chunk_range(n, omp_get_thread_num(), omp_get_num_threads(), lo, hi);
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = lo; i < hi; ++i) acc += static_cast<double>(p[i]) * p[i];
-    partial[omp_get_thread_num()] = acc;
+    partial[omp_get_thread_num()] = sum_squares_chunk(p + lo, hi - lo);
   }
   double total = 0.0;
   for (int i = 0; i < used; ++i) total += partial[i];
@@ -42,9 +58,9 @@ void CpuBackend::adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, fl
   float *wp = w.f32(), *mp = m.f32(), *vp = v.f32();
   const float* gp = g.f32();
   const int64_t n = w.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n > (1 << 15))
-  for (int64_t i = 0; i < n; ++i)
-    ops::adamw_update(wp[i], gp[i], mp[i], vp[i], lr, beta1, beta2, eps, weight_decay, bc.inv_bc1, bc.inv_bc2);
+  for_each_chunk(n, 1 << 15, [&](int64_t lo, int64_t hi) {
+    adamw_chunk(wp + lo, gp + lo, mp + lo, vp + lo, hi - lo, lr, beta1, beta2, eps, weight_decay, bc.inv_bc1, bc.inv_bc2);
+  });
 }
 
 }  // namespace gpt

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/cpu/cpu_math.h"
 #include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/cpu/cpu_parallel.h"
@@ -41,7 +42,7 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
 }
 
 // Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
-void causal_softmax_row(float* row, int64_t i, int64_t T) {
+GPT_CPU_KERNEL void causal_softmax_row(float* row, int64_t i, int64_t T) {
   float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
@@ -56,6 +57,17 @@ void causal_softmax_row(float* row, int64_t i, int64_t T) {
 #pragma omp simd
   for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
   for (int64_t j = i + 1; j < T; ++j) row[j] = 0.f;
+}
+
+// Row i of dP (in place) becomes scale * dS = scale * P * (dP - rowsum(P * dP)) over its causal columns
+// 0..i; the masked rest of the diagonal block (up to i1) becomes zero.
+GPT_CPU_KERNEL void softmax_backward_row(const float* pr, float* sr, int64_t i, int64_t i1, float scale) {
+  float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t j = 0; j <= i; ++j) dot += pr[j] * sr[j];
+#pragma omp simd
+  for (int64_t j = 0; j <= i; ++j) sr[j] = scale * pr[j] * (sr[j] - dot);
+  for (int64_t j = i + 1; j < i1; ++j) sr[j] = 0.f;
 }
 
 }  // namespace
@@ -126,16 +138,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
       for (int64_t blk = 0; blk < nblk; ++blk) {
         const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
         product(false, true, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, s + i0 * T, T);
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* pr = p + i * T;
-          float* sr = s + i * T;
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t j = 0; j <= i; ++j) dot += pr[j] * sr[j];
-#pragma omp simd
-          for (int64_t j = 0; j <= i; ++j) sr[j] = scale * pr[j] * (sr[j] - dot);
-          for (int64_t j = i + 1; j < i1; ++j) sr[j] = 0.f;  // masked part of the diagonal block
-        }
+        for (int64_t i = i0; i < i1; ++i) softmax_backward_row(p + i * T, s + i * T, i, i1, scale);
         product(false, false, m, D, i1, 1.f, s + i0 * T, T, k, ld, dq + i0 * ld, ld);
       }
       // Key block j0..j1 is attended to by query rows j0..T only.

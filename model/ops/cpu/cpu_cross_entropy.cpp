@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/cpu/cpu_math.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
@@ -28,6 +29,26 @@ const int32_t* check_targets(const Tensor& targets, int64_t rows, int64_t vocab_
   return tp;
 }
 
+// Row kernels: the maximum of n values, the sum of exp(x - mx), and coef * exp(x - mx).
+GPT_CPU_KERNEL float row_max_of(const float* row, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t c = 0; c < n; ++c) mx = std::max(mx, row[c]);
+  return mx;
+}
+
+GPT_CPU_KERNEL float sum_exp_of(const float* row, int64_t n, float mx) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < n; ++c) sum += fast_exp(row[c] - mx);
+  return sum;
+}
+
+GPT_CPU_KERNEL void scaled_exp(const float* row, float* out, int64_t n, float mx, float coef) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) out[c] = coef * fast_exp(row[c] - mx);
+}
+
 }  // namespace
 
 void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) {
@@ -38,13 +59,7 @@ void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t v
   const float* lp = lf.get();
   float* mp = row_max.f32();
 #pragma omp parallel for schedule(static) if (s.rows * s.real > (1 << 15))
-  for (int64_t n = 0; n < s.rows; ++n) {
-    const float* row = lp + n * s.cols;
-    float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-    for (int64_t c = 0; c < s.real; ++c) mx = std::max(mx, row[c]);
-    mp[n] = mx;
-  }
+  for (int64_t n = 0; n < s.rows; ++n) mp[n] = row_max_of(lp + n * s.cols, s.real);
 }
 
 void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
@@ -61,11 +76,7 @@ void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const T
 #pragma omp parallel for schedule(static) if (s.rows * s.real > (1 << 15))
   for (int64_t n = 0; n < s.rows; ++n) {
     const float* row = lp + n * s.cols;
-    const float mx = mp[n];
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < s.real; ++c) sum += fast_exp(row[c] - mx);
-    sp[n] = sum;
+    sp[n] = sum_exp_of(row, s.real, mp[n]);
     const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
     tlp[n] = (local >= 0 && local < s.real) ? row[local] : 0.f;
   }
@@ -90,8 +101,7 @@ void CpuBackend::ce_backward(const Tensor& logits, const Tensor& row_max, const 
     float* drow = dp + n * s.cols;
     const float mx = mp[n];
     const float coef = grad_scale / sp[n];  // grad_scale * softmax = coef * exp(logit - max)
-#pragma omp simd
-    for (int64_t c = 0; c < s.real; ++c) drow[c] = coef * fast_exp(row[c] - mx);
+    scaled_exp(row, drow, s.real, mx, coef);
     for (int64_t c = s.real; c < s.cols; ++c) drow[c] = 0.f;
     const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
     if (local >= 0 && local < s.real) drow[local] -= grad_scale;

@@ -2,7 +2,9 @@
 // in-place scaling. Each is one flat OpenMP loop over the elements that the compiler vectorises (tanh
 // comes from fast_tanh in cpu_math.h, which vectorises where std::tanh does not).
 #include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/cpu/cpu_math.h"
+#include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
 namespace gpt {
@@ -21,6 +23,26 @@ void require_same_numel(const Tensor& a, const Tensor& b, const char* op, const 
           std::string(an) + " " + describe(a) + " and " + bn + " " + describe(b) + " differ in element count");
 }
 
+// GELU (tanh form) of n values, and its backward: dx = dy * gelu'(x).
+GPT_CPU_KERNEL void gelu_chunk(const float* xp, float* yp, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = xp[i];
+    const float t = fast_tanh(kGeluK * (v + kGeluC * v * v * v));
+    yp[i] = 0.5f * v * (1.f + t);
+  }
+}
+
+GPT_CPU_KERNEL void gelu_backward_chunk(const float* xp, const float* dyp, float* dxp, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = xp[i];
+    const float t = fast_tanh(kGeluK * (v + kGeluC * v * v * v));
+    const float dinner = kGeluK * (1.f + 3.f * kGeluC * v * v);
+    dxp[i] = dyp[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * dinner);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
@@ -32,12 +54,7 @@ void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
   const float* xp = xf.get();
   float* yp = yf.get();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = xp[i];
-    const float t = fast_tanh(kGeluK * (v + kGeluC * v * v * v));
-    yp[i] = 0.5f * v * (1.f + t);
-  }
+  for_each_chunk(n, kParallelElems, [&](int64_t lo, int64_t hi) { gelu_chunk(xp + lo, yp + lo, hi - lo); });
   yf.commit();
 }
 
@@ -51,13 +68,8 @@ void CpuBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const float *xp = xf.get(), *dyp = dyf.get();
   float* dxp = dxf.get();
   const int64_t n = x.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = xp[i];
-    const float t = fast_tanh(kGeluK * (v + kGeluC * v * v * v));
-    const float dinner = kGeluK * (1.f + 3.f * kGeluC * v * v);
-    dxp[i] = dyp[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * dinner);
-  }
+  for_each_chunk(n, kParallelElems,
+                 [&](int64_t lo, int64_t hi) { gelu_backward_chunk(xp + lo, dyp + lo, dxp + lo, hi - lo); });
   dxf.commit();
 }
 

@@ -6,12 +6,62 @@
 #include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
 
 namespace gpt {
 
 using namespace cpu;
+
+namespace {
+
+// One row: y = (x - mean) * rstd * gamma + beta; returns mean and rstd.
+GPT_CPU_KERNEL void layernorm_row(const float* xr, const float* gp, const float* bp, float* yr, int64_t C, float eps,
+                                  float* mean, float* rstd) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < C; ++c) sum += xr[c];
+  const float mu = sum / C;
+  float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t c = 0; c < C; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
+  const float rs = 1.f / std::sqrt(sq / C + eps);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - mu) * rs * gp[c] + bp[c];
+  *mean = mu;
+  *rstd = rs;
+}
+
+// Rows [r0, r1): dx, and this thread's partial dgamma (pg) and dbeta (pb) sums.
+GPT_CPU_KERNEL void layernorm_backward_rows(const float* dyp, const float* xp, const float* gp, const float* mp,
+                                            const float* rp, float* dxp, float* pg, float* pb, int64_t r0, int64_t r1,
+                                            int64_t C) {
+  for (int64_t n = r0; n < r1; ++n) {
+    const float* xr = xp + n * C;
+    const float* dyr = dyp + n * C;
+    const float mu = mp[n], rs = rp[n];
+    float sum_g = 0.f, sum_gx = 0.f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - mu) * rs;
+      const float g = dyr[c] * gp[c];
+      sum_g += g;
+      sum_gx += g * xhat;
+    }
+    const float mean_g = sum_g / C, mean_gx = sum_gx / C;
+    float* dxr = dxp + n * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - mu) * rs;
+      dxr[c] = rs * (dyr[c] * gp[c] - mean_g - xhat * mean_gx);
+      pg[c] += dyr[c] * xhat;
+      pb[c] += dyr[c];
+    }
+  }
+}
+
+}  // namespace
 
 void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,
                                    Tensor& mean, Tensor& rstd, float eps) {
@@ -30,22 +80,7 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
   float *yp = yf.get(), *mp = mean.f32(), *rp = rstd.f32();
 
 #pragma omp parallel for schedule(static) if (N * C > (1 << 14))
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = xp + n * C;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < C; ++c) sum += xr[c];
-    const float mu = sum / C;
-    float sq = 0.f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t c = 0; c < C; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
-    const float rs = 1.f / std::sqrt(sq / C + eps);
-    float* yr = yp + n * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - mu) * rs * gp[c] + bp[c];
-    mp[n] = mu;
-    rp[n] = rs;
-  }
+  for (int64_t n = 0; n < N; ++n) layernorm_row(xp + n * C, gp, bp, yp + n * C, C, eps, mp + n, rp + n);
   yf.commit();
 }
 
@@ -73,28 +108,7 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
     chunk_range(N, t, omp_get_num_threads(), r0, r1);
     float* pg = partial.data() + static_cast<size_t>(t) * 2 * C;
     float* pb = pg + C;
-    for (int64_t n = r0; n < r1; ++n) {
-      const float* xr = xp + n * C;
-      const float* dyr = dyp + n * C;
-      const float mu = mp[n], rs = rp[n];
-      float sum_g = 0.f, sum_gx = 0.f;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-      for (int64_t c = 0; c < C; ++c) {
-        const float xhat = (xr[c] - mu) * rs;
-        const float g = dyr[c] * gp[c];
-        sum_g += g;
-        sum_gx += g * xhat;
-      }
-      const float mean_g = sum_g / C, mean_gx = sum_gx / C;
-      float* dxr = dxp + n * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        const float xhat = (xr[c] - mu) * rs;
-        dxr[c] = rs * (dyr[c] * gp[c] - mean_g - xhat * mean_gx);
-        pg[c] += dyr[c] * xhat;
-        pb[c] += dyr[c];
-      }
-    }
+    layernorm_backward_rows(dyp, xp, gp, mp, rp, dxp, pg, pb, r0, r1, C);
   }
   float *dgp = dgf.get(), *dbp = dbf.get();
   for (int t = 0; t < used; ++t) {

@@ -1,6 +1,6 @@
 // Argument checks, bulk dtype conversion and the fp32 tensor windows declared in cpu_tensor_access.h.
-// fp16 conversion uses the F16C instructions when the build targets them (same round-to-nearest-even
-// result as the scalar code in half.h, which handles the tails and other targets).
+// fp16 conversion uses the F16C instructions when the CPU has them, checked at run time (same
+// round-to-nearest-even result as the scalar code in half.h, which handles the tails and other CPUs).
 #include "model/ops/cpu/cpu_tensor_access.h"
 
 #include <algorithm>
@@ -9,9 +9,7 @@
 
 #include "model/ops/half.h"
 
-#ifdef __F16C__
 #include <immintrin.h>
-#endif
 
 namespace gpt::cpu {
 
@@ -20,25 +18,36 @@ namespace {
 // Conversions are memory bound; below this many elements threads cost more than they save.
 constexpr int64_t kParallelConvert = 1 << 15;
 
-void fp16_to_f32_range(const uint16_t* src, float* dst, int64_t n) {
+__attribute__((target("avx,f16c"))) int64_t fp16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
-#ifdef __F16C__
   for (; i + 8 <= n; i += 8) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
   }
-#endif
-  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+  return i;
 }
 
-void f32_to_fp16_range(const float* src, uint16_t* dst, int64_t n) {
+__attribute__((target("avx,f16c"))) int64_t f32_to_fp16_f16c(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
-#ifdef __F16C__
   for (; i + 8 <= n; i += 8) {
     __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
   }
-#endif
+  return i;
+}
+
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return yes;
+}
+
+void fp16_to_f32_range(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = has_f16c() ? fp16_to_f32_f16c(src, dst, n) : 0;
+  for (; i < n; ++i) dst[i] = fp16_to_fp32(src[i]);
+}
+
+void f32_to_fp16_range(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = has_f16c() ? f32_to_fp16_f16c(src, dst, n) : 0;
   for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }
 
