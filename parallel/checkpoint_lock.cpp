@@ -52,7 +52,18 @@ double age_s(const std::string& path) {
   return std::difftime(std::time(nullptr), st.st_mtime);
 }
 
-bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
+// Whether process `pid` of this host still runs: it exists and is not a zombie (killed, not yet reaped).
+bool process_alive(long pid) {
+  if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) return false;
+  std::string stat;
+  try {
+    stat = read_text_file(fmt::format("/proc/{}/stat", pid));
+  } catch (const std::exception&) {
+    return true;  // no /proc: trust kill()
+  }
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
 
 std::string slurm_job() {
   const char* id = std::getenv("SLURM_JOB_ID");
