@@ -22,7 +22,7 @@
 #                               nccl_test, and writes build-gpu/carry/bundle.tar.xz (about 20 MB): the
 #                               stripped binaries plus every shared library they load from outside glibc
 #                               and the CUDA toolkit, i.e. what `ldd build-gpu/gpt-train` lists: yaml-cpp,
-#                               spdlog, fmt, OpenBLAS (+ gfortran, quadmath), HDF5 (+ sz/aec, curl and its
+#                               spdlog, fmt, oneDNN, HDF5 (+ sz/aec, curl and its
 #                               TLS/Kerberos stack), OpenMPI (libmpi, open-rte, open-pal, hwloc, libevent,
 #                               and its MCA plugin folder openmpi3/ with the plugins' own dependencies),
 #                               sentencepiece; libstdc++/libgcc_s go in a fallback folder used only if the
