@@ -357,11 +357,17 @@ int run_distributed_command(const ParsedArgs& args) {
   int64_t iters = args.get_int("iters", cfg.eval.iters);
   trainer.evaluate_and_log("valid", iters);
   if (!cfg.data.train.empty()) {
+    // Only opening the split may fail softly (a split string that gives it no documents), and alike on
+    // every rank; an error during the evaluation itself stops the job like any other.
+    std::string unavailable;
     try {
-      trainer.evaluate_and_log("test", iters);
-    } catch (const std::runtime_error& e) {  // e.g. a split string that gives the test split no documents
-      if (rank == 0) spdlog::warn("test split not evaluated: {}", e.what());
+      make_sample_source(cfg, "test");
+    } catch (const std::runtime_error& e) {
+      unavailable = e.what();
     }
+    unavailable = first_error(*ps.world, unavailable);
+    if (unavailable.empty()) trainer.evaluate_and_log("test", iters);
+    else if (rank == 0) spdlog::warn("test split not evaluated: {}", unavailable);
   }
   return 0;
 }

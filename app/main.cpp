@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <iostream>
 
 #include "app/cli.h"
@@ -52,8 +54,11 @@ int main(int argc, char** argv) {
 
   // Threads: the watchdog's census talks MPI from its own thread while the main thread may be blocked in
   // a collective. Without MPI_THREAD_MULTIPLE the watchdog still works, without the census.
+  // GPT_TRAIN_MPI_THREADS=funneled asks for less, for MPI stacks that slow down under MPI_THREAD_MULTIPLE.
+  const char* threads = std::getenv("GPT_TRAIN_MPI_THREADS");
+  const bool funneled = threads && std::string(threads) == "funneled";
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
   const int rank = world_rank();
   int rc = 0;
   try {

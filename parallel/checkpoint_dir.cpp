@@ -211,12 +211,14 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
     write_file_durably((tmp / kMetadataFile).string(), checkpoint_meta_to_yaml(meta));
     fsync_path(tmp.string());
     // The same iteration saved before by a lineage that was rolled back: keep it, under another name.
+    // (Or by a save that stopped after its rename but before `latest` moved, which looks the same: never
+    // overwriting is the safe reading of both.)
     if (fs::exists(final_dir)) {
       fs::path aside = fs::path(dir) / (name + ".abandoned");
       for (int k = 2; fs::exists(aside); ++k) aside = fs::path(dir) / fmt::format("{}.abandoned.{}", name, k);
       fs::rename(final_dir, aside);
       if (notes)
-        notes->push_back(fmt::format("{} existed from an abandoned lineage (not this run's): kept as {}", name,
+        notes->push_back(fmt::format("{} existed already (an abandoned lineage's, or an interrupted save's): kept as {}", name,
                                      aside.filename().string()));
     }
     fs::rename(tmp, final_dir);

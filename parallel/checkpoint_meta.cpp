@@ -144,6 +144,7 @@ struct Reader {
   Shape shape(const YAML::Node& n, const std::string& key, int64_t min) const {
     if (!n.IsSequence()) throw CheckpointError(source + ": key '" + key + "' is not a list of integers");
     Shape s;
+    int64_t numel = 1;
     for (const auto& d : n) {
       int64_t v = 0;
       try {
@@ -153,6 +154,8 @@ struct Reader {
       }
       if (v < min)
         throw CheckpointError(fmt::format("{}: key '{}' holds {}; each value must be >= {}", source, key, v, min));
+      if (__builtin_mul_overflow(numel, v, &numel))
+        throw CheckpointError(fmt::format("{}: key '{}': the element count overflows a 64-bit integer", source, key));
       s.push_back(v);
     }
     return s;
