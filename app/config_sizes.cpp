@@ -44,18 +44,18 @@ class SizeChecker {
 
   // The product or sum of `terms`; `what` names the result in the error.
   Size product(const char* what, std::initializer_list<Size> terms) const {
-    Size r = constant(1);
-    for (const Size& t : terms) {
-      merge(r, t);
-      if (__builtin_mul_overflow(r.value, t.value, &r.value)) overflow(what, r, terms);
-    }
-    return r;
+    return fold(what, 1, terms, [](int64_t a, int64_t b, int64_t* r) { return __builtin_mul_overflow(a, b, r); });
   }
   Size sum(const char* what, std::initializer_list<Size> terms) const {
-    Size r = constant(0);
+    return fold(what, 0, terms, [](int64_t a, int64_t b, int64_t* r) { return __builtin_add_overflow(a, b, r); });
+  }
+  // `terms` combined from `start` by `op` (which returns true on overflow).
+  template <class Op>
+  Size fold(const char* what, int64_t start, std::initializer_list<Size> terms, Op op) const {
+    Size r = constant(start);
     for (const Size& t : terms) {
       merge(r, t);
-      if (__builtin_add_overflow(r.value, t.value, &r.value)) overflow(what, r, terms);
+      if (op(r.value, t.value, &r.value)) overflow(what, r, terms);
     }
     return r;
   }
