@@ -138,6 +138,34 @@ TEST(GemmTest, CachedPrimitivesGiveTheSameResult) {
   EXPECT_EQ(first, again);
 }
 
+// A bf16 destination holds the fp32 result rounded once (to nearest even), with and without a bias, and
+// with every operand type; the K = 0 case writes the bias rounded.
+TEST(GemmTest, Bf16DestinationIsTheFp32ResultRoundedOnce) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist;
+  for (int64_t K : {0, 5, 300}) {
+    for (bool with_bias : {false, true}) {
+      const int64_t M = 33, N = 47;
+      std::vector<uint16_t> A(M * std::max<int64_t>(K, 1)), B(N * std::max<int64_t>(K, 1));
+      for (auto& v : A) v = fp32_to_bf16(dist(rng));
+      for (auto& v : B) v = fp32_to_bf16(dist(rng));
+      std::vector<float> bias(N), f32(M * N);
+      for (auto& v : bias) v = dist(rng);
+      std::vector<uint16_t> b16(M * N, 0x7fc0);  // NaN: every element must be written
+      cpu::MatmulShape s;
+      s.trans_b = true;
+      s.M = M, s.N = N, s.K = K, s.lda = std::max<int64_t>(K, 1), s.ldb = std::max<int64_t>(K, 1), s.ldc = N;
+      s.a = s.b = cpu::MatType::BF16;
+      s.bias = with_bias;
+      cpu::matmul(s, A.data(), B.data(), f32.data(), with_bias ? bias.data() : nullptr);
+      s.c = cpu::MatType::BF16;
+      cpu::matmul(s, A.data(), B.data(), b16.data(), with_bias ? bias.data() : nullptr);
+      for (int64_t i = 0; i < M * N; ++i)
+        ASSERT_EQ(b16[i], fp32_to_bf16(f32[i])) << "K " << K << " bias " << with_bias << " element " << i;
+    }
+  }
+}
+
 // The bf16 linear layer (bf16 products) against the same layer computed from fp32 copies of the same bf16
 // values (fp32 products): forward output and all three gradients, with an fp32 logit-like dy rounded to bf16.
 TEST(GemmTest, Bf16LinearLayerMatchesFp32PathOnBf16Values) {

@@ -1,6 +1,7 @@
 // Fully connected layer on the CPU: y = x . w^T + b and its gradients, each product one oneDNN matmul
 // (cpu_matmul.h). With bf16 weights the products take bf16 operands, any fp32 operand (the LM head's logit
-// gradient) rounded to bf16 first, as autocast does; otherwise every operand is read as fp32. The bias is
+// gradient) rounded to bf16 first, as autocast does, and bf16 outputs (y, dx) written by the product
+// itself, rounded once from its fp32 sums, with no fp32 copy; otherwise every operand is read as fp32. The bias is
 // an input of the forward product and weight gradients accumulate into dw in the product itself
 // (beta = 1), so neither costs a pass of its own.
 #include <optional>
@@ -38,19 +39,49 @@ class Operand {
   std::optional<F32Input> f32_;
 };
 
+// Where a product writes: fp32, or a bf16 tensor directly.
+struct Destination {
+  void* ptr;
+  MatType type;
+};
+
+// An output tensor as a product's destination: a bf16 tensor of a bf16 product in place, else an fp32
+// window (a converted copy for a 16-bit tensor, rounded back by commit()).
+class Output {
+ public:
+  Output(Tensor& t, bool bf16, const char* op, const char* arg) {
+    if (bf16 && t.dtype() == DType::BF16) {
+      require_float(t, op, arg);
+      dest_ = {t.raw(), MatType::BF16};
+    } else {
+      f32_.emplace(t, false, op, arg);
+      dest_ = {f32_->get(), MatType::F32};
+    }
+  }
+  Destination dest() const { return dest_; }
+  void commit() {
+    if (f32_) f32_->commit();
+  }
+
+ private:
+  std::optional<F32Output> f32_;
+  Destination dest_{};
+};
+
 // Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] (+ bias) + beta * C over dense operands (leading dimensions
 // follow from the shapes).
 void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
-             float beta, float* c, const float* bias = nullptr) {
+             float beta, Destination c, const float* bias = nullptr) {
   MatmulShape s;
   s.trans_a = trans_a, s.trans_b = trans_b;
   s.M = M, s.N = N, s.K = K;
   s.lda = trans_a ? M : K, s.ldb = trans_b ? K : N, s.ldc = N;
   s.a = s.b = a.bf16() ? MatType::BF16 : MatType::F32;
+  s.c = c.type;
   s.beta = beta;
   s.bias = bias != nullptr;
   matmul(s, a.bf16() ? static_cast<const void*>(a.bf16()) : a.f32(),
-         b.bf16() ? static_cast<const void*>(b.bf16()) : b.f32(), c, bias);
+         b.bf16() ? static_cast<const void*>(b.bf16()) : b.f32(), c.ptr, bias);
 }
 
 }  // namespace
@@ -61,14 +92,14 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
   const bool bf16 = use_bf16_gemm(w);
   const Operand xo(x, bf16, op, "x"), wo(w, bf16, op, "w");
-  F32Output yf(y, false, op, "y");
+  Output yo(y, bf16, op, "y");
   std::optional<F32Input> bias;
   if (b) {
     require_numel(*b, d.out, op, "b", shape_str({d.out}));
     bias.emplace(*b, op, "b");
   }
-  product(false, true, d.rows, d.out, d.in, xo, wo, 0.f, yf.get(), bias ? bias->get() : nullptr);
-  yf.commit();
+  product(false, true, d.rows, d.out, d.in, xo, wo, 0.f, yo.dest(), bias ? bias->get() : nullptr);
+  yo.commit();
 }
 
 void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
@@ -85,13 +116,13 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
   if (dx) {
     require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
     const Operand wo(w, bf16, op, "w");
-    F32Output dxf(*dx, false, op, "dx");
-    product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxf.get());  // d.out = 0: zeros
-    dxf.commit();
+    Output dxo(*dx, bf16, op, "dx");
+    product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxo.dest());  // d.out = 0: zeros
+    dxo.commit();
   }
 
   F32Output dwf(dw, true, op, "dw");
-  if (work) product(true, false, d.out, d.in, d.rows, dyo, xo, 1.f, dwf.get());
+  if (work) product(true, false, d.out, d.in, d.rows, dyo, xo, 1.f, {dwf.get(), MatType::F32});
   dwf.commit();
 
   if (db) {

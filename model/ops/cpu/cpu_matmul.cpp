@@ -28,11 +28,11 @@ const dnnl::engine& engine() {
 
 memory::data_type dnnl_type(MatType t) { return t == MatType::BF16 ? memory::data_type::bf16 : memory::data_type::f32; }
 
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, float, float, bool>;
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, float, float, bool>;
 
 Key key_of(const MatmulShape& s) {
-  return {s.trans_a, s.trans_b, s.M,  s.N, s.K, s.lda, s.ldb, s.ldc, static_cast<int>(s.a), static_cast<int>(s.b),
-          s.alpha,   s.beta,    s.bias};
+  return {s.trans_a, s.trans_b, s.M, s.N, s.K, s.lda, s.ldb, s.ldc, static_cast<int>(s.a), static_cast<int>(s.b),
+          static_cast<int>(s.c), s.alpha, s.beta, s.bias};
 }
 
 struct Prepared {
@@ -47,7 +47,7 @@ std::shared_ptr<Prepared> prepare(const MatmulShape& s) {
   const memory::dims b_strides = s.trans_b ? memory::dims{1, s.ldb} : memory::dims{s.ldb, 1};
   p->a = memory::desc({s.M, s.K}, dnnl_type(s.a), a_strides);
   p->b = memory::desc({s.K, s.N}, dnnl_type(s.b), b_strides);
-  p->c = memory::desc({s.M, s.N}, memory::data_type::f32, memory::dims{s.ldc, 1});
+  p->c = memory::desc({s.M, s.N}, dnnl_type(s.c), memory::dims{s.ldc, 1});
   if (s.bias) p->bias = memory::desc({1, s.N}, memory::data_type::f32, memory::dims{s.N, 1});
   dnnl::primitive_attr attr;
   if (s.alpha != 1.f) attr.set_output_scales(0, {s.alpha});
@@ -76,7 +76,7 @@ std::shared_ptr<Prepared> cached(const MatmulShape& s) {
   return g_cache.emplace(k, p).first->second;
 }
 
-void execute(const Prepared& p, const void* A, const void* B, float* C, const float* bias) {
+void execute(const Prepared& p, const void* A, const void* B, void* C, const float* bias) {
   thread_local dnnl::stream stream(engine());
   std::unordered_map<int, memory> args = {
       {DNNL_ARG_SRC, memory(p.a, engine(), const_cast<void*>(A))},
@@ -98,15 +98,24 @@ std::vector<float> widen(const void* data, MatType t, int64_t rows, int64_t cols
   return out;
 }
 
+float load(const void* C, MatType t, int64_t i) {
+  return t == MatType::BF16 ? bf16_to_fp32(static_cast<const uint16_t*>(C)[i]) : static_cast<const float*>(C)[i];
+}
+
+void store(void* C, MatType t, int64_t i, float v) {
+  if (t == MatType::BF16) static_cast<uint16_t*>(C)[i] = fp32_to_bf16(v);
+  else static_cast<float*>(C)[i] = v;
+}
+
 }  // namespace
 
-void matmul(const MatmulShape& s, const void* A, const void* B, float* C, const float* bias) {
+void matmul(const MatmulShape& s, const void* A, const void* B, void* C, const float* bias) {
   if (s.M <= 0 || s.N <= 0) return;
   if (s.K <= 0) {  // an empty sum: oneDNN wants K >= 1
     for (int64_t i = 0; i < s.M; ++i)
       for (int64_t j = 0; j < s.N; ++j) {
-        float& c = C[i * s.ldc + j];
-        c = (s.beta == 0.f ? 0.f : s.beta * c) + (bias ? bias[j] : 0.f);
+        const int64_t at = i * s.ldc + j;
+        store(C, s.c, at, (s.beta == 0.f ? 0.f : s.beta * load(C, s.c, at)) + (bias ? bias[j] : 0.f));
       }
     return;
   }
@@ -116,14 +125,19 @@ void matmul(const MatmulShape& s, const void* A, const void* B, float* C, const 
   try {
     p = cached(s);
   } catch (const dnnl::error& e) {
-    if (s.a == MatType::F32 && s.b == MatType::F32)
+    if (s.a == MatType::F32 && s.b == MatType::F32 && s.c == MatType::F32)
       throw std::runtime_error(fmt::format("oneDNN matmul {}x{}x{}: {}", s.M, s.N, s.K, e.what()));
-    // bf16 that this CPU or library cannot run: the same product on fp32 copies.
+    // bf16 that this CPU or library cannot run: the same product on fp32 copies, rounded into a bf16 C.
     MatmulShape f = s;
-    f.a = f.b = MatType::F32;
+    f.a = f.b = f.c = MatType::F32;
     const auto a = widen(A, s.a, s.trans_a ? s.K : s.M, s.trans_a ? s.M : s.K, s.lda);
     const auto b = widen(B, s.b, s.trans_b ? s.N : s.K, s.trans_b ? s.K : s.N, s.ldb);
-    return matmul(f, a.data(), b.data(), C, bias);
+    if (s.c == MatType::F32) return matmul(f, a.data(), b.data(), C, bias);
+    std::vector<float> c = widen(C, s.c, s.M, s.N, s.ldc);
+    matmul(f, a.data(), b.data(), c.data(), bias);
+    for (int64_t i = 0; i < s.M; ++i)
+      for (int64_t j = 0; j < s.N; ++j) store(C, s.c, i * s.ldc + j, c[i * s.ldc + j]);
+    return;
   }
   execute(*p, A, B, C, bias);
 }

@@ -1,8 +1,8 @@
 // Every matrix product of the CPU backend, on oneDNN's matmul primitive: the linear layers forward and
 // backward (the LM head among them) and the attention products. oneDNN picks the kernel for the CPU it
 // runs on at run time (AMX, AVX512-BF16, AVX-512, AVX2, ...), so one binary is fast on any x86-64.
-// Products take fp32 or bf16 operands and always accumulate and write fp32: C = alpha * op(A) . op(B)
-// (+ bias broadcast over rows) (+ beta * C). Primitives are created once per shape, dtype, transpose,
+// Products take fp32 or bf16 operands, always accumulate in fp32 and write fp32 or bf16 (rounded once):
+// C = alpha * op(A) . op(B) (+ bias broadcast over rows) (+ beta * C). Primitives are created once per shape, dtype, transpose,
 // leading dimensions and epilogue, and cached, so a training step creates none after its first.
 // A bf16 product that this oneDNN cannot run on this CPU falls back to fp32 copies of the operands.
 #pragma once
@@ -18,14 +18,15 @@ struct MatmulShape {
   int64_t M = 0, N = 0, K = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;  // row-major leading dimensions as stored
   MatType a = MatType::F32, b = MatType::F32;
+  MatType c = MatType::F32;  // bf16: written rounded, so a bf16 activation needs no fp32 copy
   float alpha = 1.f;  // not combined with a bias
   float beta = 0.f;   // 0 overwrites C without reading it; otherwise C is accumulated into
   bool bias = false;  // add bias[N] to every row (fp32)
 };
 
-// C[M, N] (fp32, ldc) per `s`. A and B point at fp32 or bf16 (raw bits) data as `s` says. Threads: the
+// C[M, N] (ldc) per `s`. A, B and C point at fp32 or bf16 (raw bits) data as `s` says. Threads: the
 // OpenMP pool, or one thread when called inside a parallel region. Thread-safe.
-void matmul(const MatmulShape& s, const void* A, const void* B, float* C, const float* bias = nullptr);
+void matmul(const MatmulShape& s, const void* A, const void* B, void* C, const float* bias = nullptr);
 
 // The instruction set oneDNN dispatches to on this machine, e.g. "avx512_core_bf16" (for logs and
 // benchmark tables), and the library version.
