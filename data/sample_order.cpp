@@ -95,8 +95,9 @@ BlendSchedule::BlendSchedule(std::vector<double> weights) : w_(std::move(weights
   checkpoints_.push_back(std::vector<int64_t>(w_.size(), 0));
 }
 
-// weight * at - count, with the product rounded on its own: a fused multiply-add (which -march=native
-// would otherwise allow) changes near-ties, and so the order, from one machine to the next.
+// weight * at - count, with the product rounded on its own: a fused multiply-add (which an FMA-capable
+// -march or a dispatched clone would otherwise allow) changes near-ties, and so the order, from one machine
+// to the next.
 static double blend_error(double weight, double at, int64_t count) {
   volatile double product = weight * at;
   return product - double(count);

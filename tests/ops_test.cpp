@@ -76,8 +76,8 @@ TEST_F(OpsTest, LinearBackwardAccumulatesWeightGradsAndOverwritesDx) {
   expect_near_vec(host(dw), dw_ref, 1e-3, 1e-4, "dw");
   expect_near_vec(host(db), db_ref, 1e-3, 1e-4, "db");
   const Vec dw1 = host(dw), db1 = host(db);
-  // Second microbatch: dw and db double, dx is the same (overwritten, not accumulated). The GEMM adds each
-  // K slice of the product to dw as it goes (cpu_gemm.h), so dw doubles up to a few rounding steps.
+  // Second microbatch: dw and db double, dx is the same (overwritten, not accumulated). The GEMM adds the
+  // product to dw with beta = 1 (cpu_matmul.h), so dw doubles up to a few rounding steps.
   Tensor dx2 = be->empty({N, in});
   be->linear_backward(dy, tx, tw, &dx2, dw, &db);
   const Vec dw2 = host(dw), db2 = host(db);
