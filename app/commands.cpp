@@ -304,9 +304,9 @@ int run_distributed_command(const ParsedArgs& args) {
     if (!batch_note.empty()) spdlog::warn("eval on {} rank(s): {}", world, batch_note);
   }
 
-  // Found now, not at the first evaluation or save: unreadable or too small data, an unwritable or
-  // already locked checkpoint directory.
-  check_data_at_startup(*ps.world, cfg, args.command == "train");
+  // Found now, not at the first evaluation or save: unreadable or too small validation data, an
+  // unwritable or already locked checkpoint directory (the training data opens with the model, below).
+  check_validation_data_at_startup(*ps.world, cfg, args.command == "train");
   std::unique_ptr<CheckpointDirLock> lock;
   if (args.command == "train" && !cfg.checkpoint.dir.empty()) {
     std::string warning;
@@ -323,7 +323,15 @@ int run_distributed_command(const ParsedArgs& args) {
 
   // SIGTERM / SIGUSR1 from here on stop every rank after a step with a checkpoint, and the run exits 0.
   if (args.command == "train") install_stop_signal_handlers(rank);
-  Trainer trainer(cfg, ps, *backend);
+  // Building the model opens the training data: a failure there stops every rank alike too.
+  std::unique_ptr<Trainer> built;
+  try {
+    built = std::make_unique<Trainer>(cfg, ps, *backend);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw<StartupError>(*ps.world, error);
+  Trainer& trainer = *built;
   startup.reset();
   if (args.command == "train") {
     try {

@@ -49,19 +49,17 @@ void require_same_config(Communicator& world, const Config& cfg) {
                                  hashes[differ.front()], hashes[0], keys));
 }
 
-void check_data_at_startup(Communicator& world, const Config& cfg, bool train) {
+void check_validation_data_at_startup(Communicator& world, const Config& cfg, bool train) {
   std::string error;
-  auto check = [&](const std::string& split, const std::string& key) {
-    if (!error.empty()) return;
+  if (!train || cfg.eval.interval > 0 || !cfg.data.valid.empty()) {
     try {
-      make_sample_source(cfg, split);
+      make_sample_source(cfg, "valid");
     } catch (const std::exception& e) {
-      error = fmt::format("config {}: {}: {}", cfg.source, key, e.what());
+      error = fmt::format("config {}: {}: {}", cfg.source,
+                          cfg.data.valid.empty() ? "data.split (the validation split of data.train)" : "data.valid",
+                          e.what());
     }
-  };
-  check("train", cfg.data.train.empty() ? "data (synthetic)" : "data.train");
-  if (!train || cfg.eval.interval > 0 || !cfg.data.valid.empty())
-    check("valid", cfg.data.valid.empty() ? "data.split (the validation split of data.train)" : "data.valid");
+  }
   agree_or_throw<StartupError>(world, error);
 }
 

@@ -1,7 +1,7 @@
 // Checks that run once at start-up, on every rank alike, so a run that cannot finish fails before its
 // first step rather than hours later: every rank runs the same effective config (an MPMD launch or a
-// node with another copy of the file would otherwise corrupt memory or hang), and every data split the
-// run will read opens and holds at least one sequence. Each failure is the same StartupError on every
+// node with another copy of the file would otherwise corrupt memory or hang), and the validation data
+// the run will read opens and holds at least one sequence (the training data opens with the model). Each failure is the same StartupError on every
 // rank, naming the key, the file or the ranks involved.
 #pragma once
 #include <cstdint>
@@ -19,9 +19,8 @@ std::string config_hash(const std::string& text);
 // naming the ranks whose config differs from rank 0's and the keys that differ for the first of them.
 void require_same_config(Communicator& world, const Config& cfg);
 
-// Opens every split the command will read: training data, and the validation split when train evaluates
-// (eval.interval > 0) or data.valid is set, or always for eval. Collective: throws StartupError alike on
-// every rank with the first failing rank's message.
-void check_data_at_startup(Communicator& world, const Config& cfg, bool train);
+// Opens the validation split when train evaluates (eval.interval > 0) or data.valid is set, and always
+// for eval. Collective: throws StartupError alike on every rank with the first failing rank's message.
+void check_validation_data_at_startup(Communicator& world, const Config& cfg, bool train);
 
 }  // namespace gpt

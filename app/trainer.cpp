@@ -70,28 +70,35 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
   lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
                    cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters,
                    parse_lr_decay_style(cfg.optimizer.lr_decay_style)};
-  train_source_ = make_source("train");
+  try {
+    train_source_ = make_source("train");
+  } catch (const ConfigError&) {
+    throw;  // names its key already
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("config {}: {}: {}", cfg.source, cfg.data.train.empty() ? "data (synthetic)" : "data.train",
+                                  e.what()));
+  }
   if (ps_.rank == 0 && !cfg.logging.metrics_file.empty())
     metrics_ = std::make_unique<MetricsWriter>(cfg.logging.metrics_file);
 }
 
 Trainer::~Trainer() = default;
 
-std::unique_ptr<SampleSource> make_sample_source(const Config& cfg_, const std::string& split) {
-  const uint64_t seed = static_cast<uint64_t>(cfg_.training.seed);
-  if (cfg_.data.train.empty() && cfg_.data.valid.empty()) {
+std::unique_ptr<SampleSource> make_sample_source(const Config& cfg, const std::string& split) {
+  const uint64_t seed = static_cast<uint64_t>(cfg.training.seed);
+  if (cfg.data.train.empty() && cfg.data.valid.empty()) {
     // Synthetic: a different stream per split (the pattern is the same for all).
     uint64_t offset = split == "train" ? 0 : split == "valid" ? 1 : 2;
-    return make_synthetic_source(cfg_.data.synthetic, cfg_.model.seq_length, cfg_.model.vocab_size, seed + offset);
+    return make_synthetic_source(cfg.data.synthetic, cfg.model.seq_length, cfg.model.vocab_size, seed + offset);
   }
-  if (split == "valid" && !cfg_.data.valid.empty())
-    return make_shard_source(cfg_.data.valid, "all", cfg_.data.split, cfg_.model.seq_length, seed, cfg_.data.tokenizer,
-                             cfg_.model.vocab_size);
-  if (cfg_.data.train.empty())
-    throw ConfigError("config " + cfg_.source + ": data.train is empty but data.valid is set; the " + split +
+  if (split == "valid" && !cfg.data.valid.empty())
+    return make_shard_source(cfg.data.valid, "all", cfg.data.split, cfg.model.seq_length, seed, cfg.data.tokenizer,
+                             cfg.model.vocab_size);
+  if (cfg.data.train.empty())
+    throw ConfigError("config " + cfg.source + ": data.train is empty but data.valid is set; the " + split +
                       " split needs data.train");
-  return make_shard_source(cfg_.data.train, split, cfg_.data.split, cfg_.model.seq_length, seed, cfg_.data.tokenizer,
-                           cfg_.model.vocab_size);
+  return make_shard_source(cfg.data.train, split, cfg.data.split, cfg.model.seq_length, seed, cfg.data.tokenizer,
+                           cfg.model.vocab_size);
 }
 
 std::unique_ptr<SampleSource> Trainer::make_source(const std::string& split) const {
@@ -191,15 +198,9 @@ std::vector<StepStats> Trainer::train() {
       log_interval(s);
     if (diverged) throw_diverged(s);
     if (cfg_.eval.interval > 0 && s.iteration % cfg_.eval.interval == 0) evaluate_and_log("valid", cfg_.eval.iters);
-    if (cfg_.checkpoint.save_interval > 0 && s.iteration % cfg_.checkpoint.save_interval == 0) {
-      if (nonfinite_streak_ == 0) {
-        save_checkpoint();
-        saved_at = s.iteration;
-      } else if (ps_.rank == 0) {
-        spdlog::warn("iteration {}: checkpoint not saved: the last {} step(s) had a non-finite loss or gradients",
-                     s.iteration, nonfinite_streak_);
-      }
-    }
+    if (cfg_.checkpoint.save_interval > 0 && s.iteration % cfg_.checkpoint.save_interval == 0 &&
+        save_unless_nonfinite())
+      saved_at = s.iteration;
     if (!stop_reason.empty()) {  // checkpoint below and return
       if (ps_.rank == 0)
         spdlog::log(stop.signal ? spdlog::level::warn : spdlog::level::info, "{}: stopping after iteration {}{}",
@@ -208,15 +209,21 @@ std::vector<StepStats> Trainer::train() {
       break;
     }
   }
-  // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved),
-  // unless its steps were not finite: the previous checkpoint is then the one to keep.
-  if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) {
-    if (nonfinite_streak_ == 0) save_checkpoint();
-    else if (ps_.rank == 0)
-      spdlog::warn("final checkpoint not saved: the last {} step(s) had a non-finite loss or gradients",
-                   nonfinite_streak_);
-  }
+  // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved).
+  if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) save_unless_nonfinite();
   return all;
+}
+
+bool Trainer::save_unless_nonfinite() {
+  // While steps are not finite the previous checkpoint is the one to keep: saving would replace or prune it.
+  if (nonfinite_streak_ == 0) {
+    save_checkpoint();
+    return true;
+  }
+  if (ps_.rank == 0)
+    spdlog::warn("iteration {}: checkpoint not saved: the last {} step(s) had a non-finite loss or gradients",
+                 iteration_, nonfinite_streak_);
+  return false;
 }
 
 bool Trainer::count_nonfinite(const StepStats& s) {

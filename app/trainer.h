@@ -77,6 +77,8 @@ class Trainer {
   // Counts `s` towards training.max_nonfinite_steps; true when the run must stop.
   bool count_nonfinite(const StepStats& s);
   [[noreturn]] void throw_diverged(const StepStats& s);
+  // Saves a checkpoint unless the current run of non-finite steps is under way; true when it saved.
+  bool save_unless_nonfinite();
 
   Config cfg_;
   ParallelState& ps_;

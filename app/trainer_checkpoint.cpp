@@ -9,9 +9,8 @@
 #include <filesystem>
 #include <optional>
 
-#include "app/watchdog.h"
-
 #include "app/trainer.h"
+#include "app/watchdog.h"
 #include "parallel/checkpoint.h"
 #include "parallel/data_parallel.h"
 
@@ -76,7 +75,10 @@ bool Trainer::resume() {
   const bool finetune = !r && cfg_.checkpoint.finetune;
   // The lineage this run continues, for pruning: a checkpoint of checkpoint.dir (saves elsewhere start a
   // new one).
-  if (r) lineage_parent_ = std::filesystem::path(r->path).filename().string(), lineage_parent_id_ = r->meta.id;
+  if (r) {
+    lineage_parent_ = std::filesystem::path(r->path).filename().string();
+    lineage_parent_id_ = r->meta.id;
+  }
   if (!r && !cfg_.checkpoint.load.empty()) {
     model.load_optimizer_state = !finetune;  // fine-tuning: the moments start at zero
     r = load_distributed_checkpoint(cfg_.checkpoint.load, true, model);

@@ -30,10 +30,6 @@ bool mpi_running() {
   return initialized && !finalized;
 }
 
-}  // namespace
-
-namespace {
-
 // Census messages on the watchdog's own communicator.
 constexpr int kTagExpired = 1;  // a rank's phase expired: rank -> 0, with that rank's message
 constexpr int kTagRequest = 2;  // rank 0 asks for every rank's status: 0 -> rank, empty
@@ -46,7 +42,7 @@ MPI_Comm census_comm(void* p) { return *static_cast<MPI_Comm*>(p); }
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
 // Receives a pending message with `tag` from `source` (MPI_ANY_SOURCE allowed), if one has arrived.
-bool receive_if_there(MPI_Comm comm, int source, int tag, std::string& text, int* from = nullptr) {
+bool receive_if_there(MPI_Comm comm, int source, int tag, std::string& text) {
   int flag = 0;
   MPI_Status status;
   MPI_Iprobe(source, tag, comm, &flag, &status);
@@ -55,7 +51,6 @@ bool receive_if_there(MPI_Comm comm, int source, int tag, std::string& text, int
   MPI_Get_count(&status, MPI_CHAR, &count);
   text.assign(static_cast<size_t>(std::max(count, 0)), '\0');
   MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, tag, comm, MPI_STATUS_IGNORE);
-  if (from) *from = status.MPI_SOURCE;
   return true;
 }
 
@@ -122,6 +117,7 @@ Watchdog::Phase Watchdog::arm(std::string what, Kind kind) {
   phase_ = std::move(what);
   kind_ = kind;
   armed_ = true;
+  fired_ = false;
   armed_at_ = std::chrono::steady_clock::now();
   // The thread re-reads the deadline when it next wakes; no notify needed, since it waits at most
   // poll_s, and a deadline shorter than that fires at most poll_s late.
@@ -130,7 +126,7 @@ Watchdog::Phase Watchdog::arm(std::string what, Kind kind) {
 
 void Watchdog::disarm() {
   std::lock_guard<std::mutex> lock(mu_);
-  armed_ = false;
+  armed_ = fired_ = false;
 }
 
 void Watchdog::restore(const Phase& phase) {
@@ -142,7 +138,14 @@ double Watchdog::timeout_s(Kind kind) const {
   return kind == Kind::Step ? options_.step_timeout_s : options_.startup_timeout_s;
 }
 
-std::string Watchdog::census_status(const std::string& phase, double waited) const {
+std::string Watchdog::census_status() {
+  std::string phase;
+  double waited = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (armed_ || fired_)  // the phase in progress, or the one that has just expired
+      phase = phase_, waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - armed_at_).count();
+  }
   const std::string group = CommunicationMarker::current();
   const std::string where = phase.empty() ? "between timed phases" : fmt::format("in {} for {:.0f} s", phase, waited);
   if (!group.empty()) return fmt::format("Wrank {}: {}, waiting in communication ({} group)", options_.rank, where, group);
@@ -154,13 +157,7 @@ void Watchdog::answer_census_requests() {
   const MPI_Comm comm = census_comm(census_comm_);
   std::string ignored;
   if (!receive_if_there(comm, 0, kTagRequest, ignored)) return;
-  std::string phase;
-  double waited = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (armed_) phase = phase_, waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - armed_at_).count();
-  }
-  send_bounded(comm, census_status(phase, waited), 0, kTagStatus, 2.0);
+  send_bounded(comm, census_status(), 0, kTagStatus, 2.0);
 }
 
 // Rank 0: asks every rank for its status, names the stalled ones, tells the others (lock not held).
@@ -177,14 +174,7 @@ std::string Watchdog::take_census(const std::string& message) {
     if (MPI_Isend(nullptr, 0, MPI_CHAR, r, kTagRequest, comm, &send) == MPI_SUCCESS) MPI_Request_free(&send);
     MPI_Irecv(buffers[r].data(), kMaxMessage, MPI_CHAR, r, kTagStatus, comm, &requests[r]);
   }
-  {
-    std::string phase;
-    double waited = 0;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (armed_ || !phase_.empty()) phase = phase_;  // the phase that expired stays named after it disarms
-    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - armed_at_).count();
-    statuses[0] = census_status(phase, waited);
-  }
+  statuses[0] = census_status();
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.census_wait_s);
   int answered = 1;
   while (answered < size && std::chrono::steady_clock::now() < until) {
@@ -274,6 +264,7 @@ void Watchdog::run() {
           group.empty() ? "computing, in no communication call: it is the stalled rank"
                         : "waiting in communication (" + group + " group) for a rank that is dead or stuck");
       armed_ = false;  // fires once per arm
+      fired_ = true;
       expired = true;
     } else if (options_.watch_parent && !parent_reported && static_cast<int>(getppid()) != parent_pid_) {
       message = fmt::format(
@@ -287,8 +278,7 @@ void Watchdog::run() {
       answer_census_requests();
       // Rank 0 takes the census as soon as any rank reports an expiry, even before its own phase expires.
       if (options_.rank == 0 && message.empty()) {
-        int from = 0;
-        if (receive_if_there(census_comm(census_comm_), MPI_ANY_SOURCE, kTagExpired, peer_message, &from))
+        if (receive_if_there(census_comm(census_comm_), MPI_ANY_SOURCE, kTagExpired, peer_message))
           message = take_census(peer_message);
       } else if (expired) {
         message = options_.rank == 0 ? take_census(message) : await_verdict(message);

@@ -70,7 +70,8 @@ class Watchdog {
   void run();
   double timeout_s(Kind kind) const;
   // The census (watchdog thread only; called without mu_ held).
-  std::string census_status(const std::string& phase, double waited) const;
+  // This rank's census line: "W" (waiting in communication) or "C" (computing), then the text.
+  std::string census_status();
   void answer_census_requests();
   std::string take_census(const std::string& message);
   std::string await_verdict(const std::string& message);
@@ -81,6 +82,7 @@ class Watchdog {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool armed_ = false;
+  bool fired_ = false;  // the phase expired (and disarmed); it is still this rank's phase for the census
   std::string phase_;
   Kind kind_ = Kind::Step;
   std::chrono::steady_clock::time_point armed_at_;

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <random>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
@@ -133,11 +132,6 @@ void load_tensors(const std::string& dir, const CheckpointMeta& meta, const Chec
   bytes = reader.bytes_read();
 }
 
-std::string random_id() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}", rd(), rd());
-}
-
 // Reads every piece of a checkpoint once, checking each against the CRC-32 in the index.
 void verify_checkpoint_data(const std::string& dir, const CheckpointMeta& meta) {
   CheckpointReader reader(dir, meta);
@@ -220,7 +214,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
   std::vector<std::string> entries = all_gather_strings(world, wrote ? stored_file_to_yaml(mine) : "");
 
   // 3. Rank 0 commits: metadata, directory rename, then the `latest` pointer.
-  const std::string new_id = broadcast_string(world, world.rank() == 0 ? random_id() : "", 0);
+  const std::string new_id = broadcast_string(world, world.rank() == 0 ? random_token() : "", 0);
   int64_t bytes = 0;
   std::vector<std::string> notes;
   if (world.rank() == 0) {

@@ -12,8 +12,9 @@
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <tuple>
+#include <random>
 #include <regex>
+#include <tuple>
 #include <sstream>
 
 #include "parallel/checkpoint_format.h"
@@ -60,6 +61,11 @@ std::string read_text_file(const std::string& path) {
   s << in.rdbuf();
   if (in.bad()) throw CheckpointError("cannot read " + path);
   return s.str();
+}
+
+std::string random_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
 }
 
 namespace {
@@ -147,7 +153,8 @@ void remove_interrupted_saves(const std::string& dir) {
   if (ec) throw CheckpointError("cannot list checkpoint directory " + dir + ": " + ec.message());
 }
 
-std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last) {
+std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last,
+                                       std::vector<std::string>* notes) {
   std::vector<std::string> deleted;
   if (keep_last <= 0) return deleted;
   std::error_code ec;
@@ -179,11 +186,12 @@ std::vector<std::string> prune_lineage(const std::string& dir, const std::string
     fs::rename(from, doomed, ec);
     if (!ec) fs::remove_all(doomed, ec);
     if (ec) {
-      deleted.push_back("(could not delete " + chain[i] + ": " + ec.message() + ")");
+      if (notes) notes->push_back("could not delete " + chain[i] + ": " + ec.message());
       ec.clear();
       continue;
     }
     deleted.push_back(chain[i]);
+    if (notes) notes->push_back("deleted " + chain[i] + " (older than the newest checkpoint.keep_last of this lineage)");
   }
   return deleted;
 }
@@ -224,10 +232,7 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
     fs::rename(tmp, final_dir);
     fsync_path(dir);
     write_file_durably((fs::path(dir) / kLatestFile).string(), name + "\n");
-    for (const std::string& gone : prune_lineage(dir, name, keep_last))
-      if (notes)
-        notes->push_back(gone[0] == '(' ? gone
-                                        : "deleted " + gone + " (older than the newest checkpoint.keep_last of this lineage)");
+    prune_lineage(dir, name, keep_last, notes);
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": committing " + name + ": " + e.what());
   }

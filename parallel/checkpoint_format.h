@@ -179,6 +179,8 @@ constexpr const char* kLatestFile = "latest";
 void write_file_durably(const std::string& path, const std::string& text);
 void fsync_path(const std::string& path);  // a file or a directory
 std::string read_text_file(const std::string& path);
+// 16 random hex digits: checkpoint ids and lock tokens.
+std::string random_token();
 
 // The checkpoint directory a load request names: `path` itself when it holds metadata.yaml, else the one
 // its `latest` names. Empty when `path` has neither (or does not exist). Throws when `latest` does not
@@ -205,8 +207,10 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
 // Deletes, of the lineage that ends at `newest` (that checkpoint and those its `parent` links reach in
 // `dir`), every checkpoint beyond the newest `keep_last` (0 keeps all), never the one `latest` names.
 // Checkpoints outside the lineage (an abandoned branch, another run's) are never touched. Returns the
-// names deleted.
-std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last);
+// names deleted; `notes` receives a line per deletion and per deletion that failed (not an error: the
+// newest checkpoint is committed already).
+std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last,
+                                       std::vector<std::string>* notes = nullptr);
 // Removes leftover `iter_*.tmp` staging directories of interrupted saves.
 void remove_interrupted_saves(const std::string& dir);
 

@@ -11,14 +11,13 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fmt/format.h>
 #include <map>
-#include <random>
-#include <vector>
-#include <algorithm>
-#include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "parallel/checkpoint_format.h"
 
@@ -82,6 +81,20 @@ std::string CheckpointDirLock::describe_holder(const std::string& token) {
 
 namespace {
 
+// The locks this process holds, so the checkpoint writer can check the one of its directory.
+std::mutex g_locks_mu;
+std::vector<const CheckpointDirLock*> g_locks;  // guarded by g_locks_mu
+
+void register_lock(const CheckpointDirLock* lock) {
+  std::lock_guard<std::mutex> guard(g_locks_mu);
+  g_locks.push_back(lock);
+}
+
+void unregister_lock(const CheckpointDirLock* lock) {
+  std::lock_guard<std::mutex> guard(g_locks_mu);
+  g_locks.erase(std::remove(g_locks.begin(), g_locks.end(), lock), g_locks.end());
+}
+
 // Creates `path` exclusively with `text`, fsynced. False when it exists already; throws on other errors.
 bool create_exclusively(const std::string& path, const std::string& text, const std::string& dir) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -107,8 +120,7 @@ bool create_exclusively(const std::string& path, const std::string& text, const 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir, double stale_s, std::string* warning)
     : path_((fs::path(dir) / kLockFile).string()) {
   if (!(stale_s > 0)) throw CheckpointError("checkpoint.lock_stale_s must be positive");
-  std::random_device rd;
-  token_ = fmt::format("{:08x}{:08x}", rd(), rd());
+  token_ = random_token();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw CheckpointError("checkpoint directory " + dir + " cannot be created: " + ec.message());
@@ -181,33 +193,15 @@ bool CheckpointDirLock::still_ours() const {
 void CheckpointDirLock::heartbeat(double interval_s) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, std::chrono::duration<double>(interval_s), [this] { return stopping_; })) {
-    if (!still_ours()) {  // taken over while this process was stopped or cut off: never refresh another's
-      lost_ = true;
-      continue;
-    }
-    ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);  // now
+    // Never refresh another run's lock (taken over while this process was stopped or cut off).
+    if (still_ours()) ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);  // now
   }
 }
 
 void CheckpointDirLock::require_held() const {
-  if (lost_ || !still_ours())
+  if (!still_ours())
     throw CheckpointError("the lock " + path_ + " is no longer this run's (another run took it over while this one "
                           "was stopped or cut off): refusing to write the checkpoint directory");
-}
-
-namespace {
-std::mutex g_locks_mu;
-std::vector<const CheckpointDirLock*> g_locks;  // guarded by g_locks_mu
-}  // namespace
-
-void register_lock(const CheckpointDirLock* lock) {
-  std::lock_guard<std::mutex> guard(g_locks_mu);
-  g_locks.push_back(lock);
-}
-
-void unregister_lock(const CheckpointDirLock* lock) {
-  std::lock_guard<std::mutex> guard(g_locks_mu);
-  g_locks.erase(std::remove(g_locks.begin(), g_locks.end(), lock), g_locks.end());
 }
 
 void require_lock_held_if_locked(const std::string& dir) {

@@ -9,7 +9,6 @@
 // the lock stopped being this run's (taken over while this process was stopped), and every save checks.
 // Taking the lock is also the start-up check that the directory is writable.
 #pragma once
-#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -43,13 +42,9 @@ class CheckpointDirLock {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  std::atomic<bool> lost_{false};
   std::thread thread_;
 };
 
-// The locks this process holds, so the checkpoint writer can check the one of its directory.
-void register_lock(const CheckpointDirLock* lock);
-void unregister_lock(const CheckpointDirLock* lock);
 // Throws CheckpointError when this process locked `dir` and has lost that lock; nothing when it holds no
 // lock on `dir` (tests and tools that write checkpoints without one).
 void require_lock_held_if_locked(const std::string& dir);

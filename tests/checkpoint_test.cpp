@@ -285,6 +285,8 @@ TEST_F(CheckpointErrors, OutOfRangeIndexNumbersNameTheKey) {
       {with_line("padded_vocab:", "padded_vocab: 1"), "'padded_vocab'"},
       {with_line("  final_ln.weight:", "  final_ln.weight: [0]"), "'tensors.final_ln.weight'"},
       {with_line("  final_ln.weight:", "  final_ln.weight: [-32]"), "'tensors.final_ln.weight'"},
+      {with_line("  final_ln.weight:", "  final_ln.weight: [4294967296, 4294967296, 4]"),
+       "'tensors.final_ln.weight': the element count overflows"},
       {with_line("    rank:", "    rank: -1"), "'files[0].rank'"},
       {with_line("    rank:", "    rank: 1"), "'files[0].rank' is 1; it must be < layout.world (1)"},
       {with_line("    bytes:", "    bytes: -5"), "'files[0].bytes'"},

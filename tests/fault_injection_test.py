@@ -1,9 +1,13 @@
 """Faults a user or a cluster throws at gpt-train, each run as a real job under mpirun, checking that
 nothing is lost, nothing hangs and the message names what went wrong:
+- a deleted `latest` next to complete checkpoints: the next run (keep_last 1) resumes the newest one and
+  says why, instead of starting again from iteration 0 and pruning it;
 - divergence: a run whose loss is NaN at every step stops non-zero without saving, and the last
   checkpoint stays; fp16 overflow skips while the loss scale backs off do not stop a run;
-- stalls: a rank stopped (SIGSTOP) during evaluation, start-up or a checkpoint save, a rank stuck
-  computing, and rank 0 stopped: the job ends within a bound and the census names the stalled rank;
+- stalls: a rank stopped (SIGSTOP) during evaluation, start-up, a checkpoint save or a checkpoint load, a
+  rank stuck computing, and rank 0 stopped: the job ends within a bound and the census names the stalled
+  rank; without MPI_THREAD_MULTIPLE (GPT_TRAIN_MPI_THREADS=funneled) there is no census, and the job still
+  ends within the bound;
 - ranks started with different configs (an MPMD launch): refused at start-up, naming ranks and keys;
 - start-up checks: an unwritable checkpoint.dir, a missing data.valid and a validation split too small
   for one sequence fail before the first step;
@@ -43,6 +47,22 @@ def expect(pattern, text, what):
     assert re.search(pattern, text), f"{what}: /{pattern}/ not in output:\n{text[-6000:]}"
 
 
+# ---- a lost `latest` ----
+
+def missing_latest_resumes_the_newest_checkpoint():
+    ckpt = os.path.join(WORK, "no-latest")
+    rc, out = run("no-latest-1", 2, [f"checkpoint.dir={ckpt}", "checkpoint.save_interval=10", "training.train_iters=10"])
+    assert rc == 0, out
+    os.remove(os.path.join(ckpt, "latest"))
+    rc, out = run("no-latest-2", 2, [f"checkpoint.dir={ckpt}", "checkpoint.keep_last=1", "training.train_iters=12"])
+    assert rc == 0, out
+    expect(r"latest is missing: resuming from the most recently saved complete checkpoint, iter_0000010 \(index, "
+           r"rank files and checksums verified\)", out, "the log says latest was missing")
+    assert "starting from iteration 0" not in out, out
+    assert not re.search(r"iteration\s+1/", out), "training started again from iteration 0"
+    assert latest_checkpoint_iteration(ckpt) == 12
+
+
 # ---- divergence ----
 
 def divergence_stops_without_saving():
@@ -66,11 +86,12 @@ def fp16_backoff_skips_do_not_stop_a_run():
 
 # ---- stalls ----
 
-def stalled(name, stall, sets, np=4, extra=()):
-    env = {"GPT_TRAIN_FAULT_STALL": stall}
+def stalled(name, stall, sets, np=4, extra_env=None):
+    env = {"GPT_TRAIN_FAULT_STALL": stall, **(extra_env or {})}
+    forwarded = [arg for key in env for arg in ("-x", key)]
     job = Job(MPIRUN, GPT_TRAIN, np, CONFIG, QUIET + ["parallel.tensor=2", "training.train_iters=1000",
                                                       "training.step_timeout_s=3", "training.startup_timeout_s=3"]
-              + sets, WORK, name, mpirun_args=["-x", "GPT_TRAIN_FAULT_STALL"], extra_env=env)
+              + sets, WORK, name, mpirun_args=forwarded, extra_env=env)
     try:
         job.wait_for_text(r"GPT_TRAIN_FAULT_STALL: stalling", timeout=60)
         t0 = time.monotonic()
@@ -115,6 +136,24 @@ def rank_stopped_during_checkpoint_save():
     expect(r"saving the checkpoint of iteration 2 has made no progress", out, "save phase")
     expect(r"census: rank 2 stalled", out, "census naming rank 2")
     assert latest_checkpoint_iteration(ckpt) is None, "a save that never finished was committed"
+
+
+def rank_stopped_during_checkpoint_load():
+    ckpt = os.path.join(WORK, "load-stall")
+    rc, out = run("load-stall-save", 4, [f"checkpoint.dir={ckpt}", "parallel.tensor=2", "training.train_iters=2"])
+    assert rc == 0, out
+    out = stalled("load-stop", "loading a checkpoint@3", [f"checkpoint.dir={ckpt}"])
+    expect(r"loading a checkpoint has made no progress for [\d.]+ s \(training.startup_timeout_s = 3\)", out,
+           "load phase")
+    expect(r"census: rank 3 stalled", out, "census naming rank 3")
+    assert latest_checkpoint_iteration(ckpt) == 2, "the checkpoint being loaded was changed"
+
+
+def stall_without_the_census():
+    out = stalled("funneled", "iteration 3@1", [], extra_env={"GPT_TRAIN_MPI_THREADS": "funneled"})
+    expect(r"watchdog: iteration 3 has made no progress for [\d.]+ s \(training.step_timeout_s = 3\); this rank is "
+           r"waiting in communication", out, "a waiting rank's own report")
+    assert "census:" not in out, out
 
 
 # ---- configs that differ between ranks ----
@@ -192,13 +231,16 @@ def second_run_on_a_directory_is_refused_and_a_stale_lock_taken_over():
 
 
 checks = Checks()
-for name, fn in [("divergence stops without saving", divergence_stops_without_saving),
+for name, fn in [("missing latest resumes the newest checkpoint", missing_latest_resumes_the_newest_checkpoint),
+                 ("divergence stops without saving", divergence_stops_without_saving),
                  ("fp16 back-off skips do not stop a run", fp16_backoff_skips_do_not_stop_a_run),
                  ("rank stopped during evaluation", rank_stopped_during_evaluation),
                  ("rank stuck computing names itself", rank_stuck_computing_names_itself),
                  ("rank 0 stopped", rank_zero_stopped),
                  ("rank stopped during start-up", rank_stopped_during_startup),
                  ("rank stopped during a checkpoint save", rank_stopped_during_checkpoint_save),
+                 ("rank stopped during a checkpoint load", rank_stopped_during_checkpoint_load),
+                 ("a stall without the census", stall_without_the_census),
                  ("ranks with different configs", mpmd_configs_differ),
                  ("start-up checks", startup_checks_fail_before_the_first_step),
                  ("checkpoint directory lock", second_run_on_a_directory_is_refused_and_a_stale_lock_taken_over)]:
