@@ -1,6 +1,7 @@
 // The CPU backend's matrix product (cpu_matmul.h, oneDNN) against an fp64 reference of the same inputs:
 // bf16 and fp32, every transpose combination, ragged sizes, odd K, leading dimensions wider than the
-// matrix, alpha/beta (beta = 0 must overwrite NaN), the bias input and an empty sum; then the bf16 linear
+// matrix, alpha/beta (beta = 0 must overwrite NaN), the bias input and an empty sum, bf16 destinations;
+// the primitive cache (no primitive is created after a training step's first); then the bf16 linear
 // layer against the fp32 path on the same values.
 #include <gtest/gtest.h>
 
@@ -9,9 +10,11 @@
 #include <random>
 #include <vector>
 
+#include "app/trainer.h"
 #include "model/ops/backend.h"
 #include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/half.h"
+#include "tiny_model_config.h"
 
 namespace gpt {
 namespace {
@@ -136,6 +139,23 @@ TEST(GemmTest, CachedPrimitivesGiveTheSameResult) {
   run_gemm(false, true, 40, N, K, 1.f, A.data(), K, B.data(), K, 0.f, other.data(), N);
   run_gemm(false, true, M, N, K, 1.f, A.data(), K, B.data(), K, 0.f, again.data(), N);
   EXPECT_EQ(first, again);
+}
+
+// Primitives are created for the shapes of the first training step and never again: later steps run
+// entirely from the cache, in fp32 and in bf16.
+TEST(GemmTest, NoPrimitiveIsCreatedAfterTheFirstStep) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    Config cfg = tiny_model_config(dtype);
+    cfg.training.train_iters = 4;
+    auto be = make_backend("cpu");
+    ParallelState ps = single_process_state();
+    Trainer trainer(cfg, ps, *be);
+    trainer.step();
+    const int64_t after_first = cpu::matmul_primitives_created();
+    for (int i = 0; i < 3; ++i) trainer.step();
+    EXPECT_EQ(cpu::matmul_primitives_created(), after_first) << dtype;
+    EXPECT_GT(after_first, 0) << dtype;
+  }
 }
 
 // A bf16 destination holds the fp32 result rounded once (to nearest even), with and without a bias, and

@@ -6,6 +6,7 @@
 #include <dnnl.hpp>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,6 +64,7 @@ std::shared_ptr<Prepared> prepare(const MatmulShape& s) {
 
 std::mutex g_cache_mu;
 std::map<Key, std::shared_ptr<Prepared>> g_cache;  // guarded by g_cache_mu
+std::atomic<int64_t> g_created{0};
 
 std::shared_ptr<Prepared> cached(const MatmulShape& s) {
   const Key k = key_of(s);
@@ -72,6 +74,7 @@ std::shared_ptr<Prepared> cached(const MatmulShape& s) {
     if (it != g_cache.end()) return it->second;
   }
   auto p = prepare(s);  // outside the lock: creation can take a while
+  ++g_created;
   std::lock_guard<std::mutex> lock(g_cache_mu);
   return g_cache.emplace(k, p).first->second;
 }
@@ -155,6 +158,8 @@ std::string matmul_isa() {
     default: return "other";
   }
 }
+
+int64_t matmul_primitives_created() { return g_created.load(); }
 
 std::string matmul_library_version() {
   const dnnl_version_t* v = dnnl_version();

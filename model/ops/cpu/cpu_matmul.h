@@ -33,4 +33,8 @@ void matmul(const MatmulShape& s, const void* A, const void* B, void* C, const f
 std::string matmul_isa();
 std::string matmul_library_version();
 
+// How many primitives have been created so far (the cache's misses): constant once every shape of a
+// training step has been seen.
+int64_t matmul_primitives_created();
+
 }  // namespace gpt::cpu
