@@ -45,8 +45,11 @@ double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Te
   Tensor logits, row_max, sum_exp;
   Tensor x_full = enter_tp_region(ctx, x);
   double loss = loss_pieces(ctx, x_full, targets, logits, row_max, sum_exp);
-  // The gradient overwrites the logits in place: [N, V/t] fp32 is the largest activation of the step.
-  Tensor dlogits = logits;
+  // [N, V/t] fp32 logits are the largest activation of the step. Their gradient overwrites them in place,
+  // or, with bf16 weights, goes straight to bf16 (the precision the product reads it in, as autocast
+  // rounds it), and the logits are freed before the product.
+  const DType wdt = weight_->value.dtype();
+  Tensor dlogits = wdt == DType::BF16 ? be.empty(logits.shape(), wdt) : logits;
   be.ce_backward(logits, row_max, sum_exp, targets, vocab_start_, vocab_size_, grad_scale, dlogits);
   logits = Tensor();
   Tensor dx_full = be.empty(x_full.shape(), x_full.dtype());

@@ -208,6 +208,84 @@ TEST_F(OpsStorageTest, KernelsAcceptSixteenBitTensors) {
   }
 }
 
+// The row and element-wise kernels read and write 16-bit activations piece by piece (cpu_tensor_access.h's
+// Windows): the same values as the fp32 kernels on the same inputs, rounded once, and no fp32 copy of a
+// whole activation, which the conversion buffers' high-water mark shows.
+TEST_F(OpsStorageTest, SixteenBitKernelsMakeNoWholeTensorCopy) {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto round = [&](Vec v) {
+      for (auto& x : v) x = dt == DType::BF16 ? bf16_to_fp32(fp32_to_bf16(x)) : fp16_to_fp32(fp32_to_fp16(x));
+      return v;
+    };
+    const int64_t B = 4, T = 128, C = 1024, N = B * T;  // activations of 512 Ki elements (2 MiB in fp32)
+    const size_t whole = size_t(N * C) * sizeof(float);
+    const Vec x = round(randn(N * C)), dyv = round(randn(N * C)), gv = round(randn(C)), bv = round(randn(C));
+    Tensor x16 = make({N, C}, x, dt), dy16 = make({N, C}, dyv, dt);
+    Tensor x32 = make({N, C}, x), dy32 = make({N, C}, dyv);
+    Tensor gamma = make({C}, gv), beta = make({C}, bv);
+    cpu::reset_scratch_peak();
+    const size_t scratch_before = cpu::scratch_bytes_in_use();
+
+    Tensor y16 = be->empty({N, C}, dt), y32 = be->empty({N, C});
+    Tensor mean = be->empty({N}), rstd = be->empty({N}), mean32 = be->empty({N}), rstd32 = be->empty({N});
+    be->layernorm_forward(x16, gamma, beta, y16, mean, rstd, 1e-5f);
+    be->layernorm_forward(x32, gamma, beta, y32, mean32, rstd32, 1e-5f);
+    EXPECT_EQ(host(y16), round(host(y32)));
+    Tensor dx16 = be->empty({N, C}, dt), dx32 = be->empty({N, C});
+    Tensor dg16 = be->zeros({C}), db16 = be->zeros({C}), dg32 = be->zeros({C}), db32 = be->zeros({C});
+    be->layernorm_backward(dy16, x16, gamma, mean, rstd, dx16, dg16, db16);
+    be->layernorm_backward(dy32, x32, gamma, mean32, rstd32, dx32, dg32, db32);
+    EXPECT_EQ(host(dx16), round(host(dx32)));
+    EXPECT_EQ(host(dg16), host(dg32));
+
+    be->gelu_forward(x16, y16);
+    be->gelu_forward(x32, y32);
+    EXPECT_EQ(host(y16), round(host(y32)));
+    be->gelu_backward(dy16, x16, dx16);
+    be->gelu_backward(dy32, x32, dx32);
+    EXPECT_EQ(host(dx16), round(host(dx32)));
+
+    be->add(x16, dy16, y16);
+    be->add(x32, dy32, y32);
+    EXPECT_EQ(host(y16), round(host(y32)));
+    be->accumulate(dy16, x16);
+    be->accumulate(dy32, x32);
+    EXPECT_EQ(host(x16), round(host(x32)));
+    be->scale(dy16, 0.5f);
+    be->scale(dy32, 0.5f);
+    EXPECT_EQ(host(dy16), round(host(dy32)));  // fp16 subnormals lose a bit
+
+    be->upload(host(y16).data(), y32);  // both sides go on from the same 16-bit values
+    be->upload(host(dy16).data(), dy32);
+    Tensor pos = make({T, C}, round(randn(T * C)));
+    Tensor pos16 = be->empty({T, C}, dt);
+    be->copy(pos, pos16);
+    be->add_positions(pos16, T, y16);
+    be->add_positions(pos, T, y32);
+    EXPECT_EQ(host(y16), round(host(y32)));
+    Tensor dpos16 = be->zeros({T, C}), dpos32 = be->zeros({T, C});
+    be->add_positions_backward(dy16, T, dpos16);
+    be->add_positions_backward(dy32, T, dpos32);
+    EXPECT_EQ(host(dpos16), host(dpos32));
+    Tensor ids = make_ids({N}, std::vector<int32_t>(N, 3));
+    Tensor dtab16 = be->zeros({8, C}), dtab32 = be->zeros({8, C});
+    be->embedding_backward(ids, dy16, 0, dtab16);
+    be->embedding_backward(ids, dy32, 0, dtab32);
+    EXPECT_EQ(host(dtab16), host(dtab32));
+    if (dt == DType::BF16) {  // the bias gradient of a bf16 linear layer sums bf16 dy rows
+      const int64_t in = 64;
+      Tensor xin = make({N, in}, round(randn(N * in)), dt), w = make({C, in}, round(randn(C * in, 0.1f)), dt);
+      Tensor dw = be->zeros({C, in}), db = be->zeros({C}), dbref = be->zeros({C});
+      be->linear_backward(dy16, xin, w, nullptr, dw, &db);
+      be->linear_backward(dy32, make({N, in}, host(xin)), make({C, in}, host(w)), nullptr, dw, &dbref);
+      EXPECT_EQ(host(db), host(dbref));
+    }
+    const size_t scratch = cpu::scratch_bytes_peak() - scratch_before;
+    EXPECT_LT(scratch, whole / 8) << "conversion buffers reached " << scratch << " bytes";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // fast_exp (used by softmax, cross-entropy and GELU)
 

@@ -17,6 +17,7 @@
 
 #include "model/ops/backend.h"
 #include "model/ops/cpu/cpu_math.h"
+#include "model/ops/cpu/cpu_tensor_access.h"
 #include "model/ops/half.h"
 
 #ifdef __F16C__

@@ -55,11 +55,13 @@ void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t v
   const char* op = "ce_row_max";
   const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
   ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
-  F32Input lf(logits, op, "logits");
-  const float* lp = lf.get();
   float* mp = row_max.f32();
-#pragma omp parallel for schedule(static) if (s.rows * s.real > (1 << 15))
-  for (int64_t n = 0; n < s.rows; ++n) mp[n] = row_max_of(lp + n * s.cols, s.real);
+#pragma omp parallel if (s.rows * s.real > (1 << 15))
+  {
+    Windows w;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < s.rows; ++n) mp[n] = row_max_of(w.in(0, logits, n * s.cols, s.real), s.real);
+  }
 }
 
 void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
@@ -70,15 +72,18 @@ void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const T
   ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
   ops::check_row_vector(kChecks, target_logit, s.rows, op, "target_logit");
   const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
-  F32Input lf(logits, op, "logits");
-  const float *lp = lf.get(), *mp = row_max.f32();
+  const float* mp = row_max.f32();
   float *sp = sum_exp.f32(), *tlp = target_logit.f32();
-#pragma omp parallel for schedule(static) if (s.rows * s.real > (1 << 15))
-  for (int64_t n = 0; n < s.rows; ++n) {
-    const float* row = lp + n * s.cols;
-    sp[n] = sum_exp_of(row, s.real, mp[n]);
-    const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
-    tlp[n] = (local >= 0 && local < s.real) ? row[local] : 0.f;
+#pragma omp parallel if (s.rows * s.real > (1 << 15))
+  {
+    Windows w;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < s.rows; ++n) {
+      const float* row = w.in(0, logits, n * s.cols, s.real);
+      sp[n] = sum_exp_of(row, s.real, mp[n]);
+      const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
+      tlp[n] = (local >= 0 && local < s.real) ? row[local] : 0.f;
+    }
   }
 }
 
@@ -91,22 +96,24 @@ void CpuBackend::ce_backward(const Tensor& logits, const Tensor& row_max, const 
   ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
   require_numel(dlogits, logits.numel(), op, "dlogits", "logits' shape " + shape_str(logits.shape()));
   const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
-  F32Input lf(logits, op, "logits");
-  F32Output df(dlogits, false, op, "dlogits");
-  const float *lp = lf.get(), *mp = row_max.f32(), *sp = sum_exp.f32();
-  float* dp = df.get();
-#pragma omp parallel for schedule(static) if (s.rows * s.cols > (1 << 15))
-  for (int64_t n = 0; n < s.rows; ++n) {
-    const float* row = lp + n * s.cols;
-    float* drow = dp + n * s.cols;
-    const float mx = mp[n];
-    const float coef = grad_scale / sp[n];  // grad_scale * softmax = coef * exp(logit - max)
-    scaled_exp(row, drow, s.real, mx, coef);
-    for (int64_t c = s.real; c < s.cols; ++c) drow[c] = 0.f;
-    const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
-    if (local >= 0 && local < s.real) drow[local] -= grad_scale;
+  require_float(dlogits, op, "dlogits");
+  const float *mp = row_max.f32(), *sp = sum_exp.f32();
+#pragma omp parallel if (s.rows * s.cols > (1 << 15))
+  {
+    Windows w;  // a bf16 gradient row is computed in fp32 and rounded once
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < s.rows; ++n) {
+      const float* row = w.in(0, logits, n * s.cols, s.real);
+      float* drow = w.out(1, dlogits, n * s.cols, s.cols);
+      const float mx = mp[n];
+      const float coef = grad_scale / sp[n];  // grad_scale * softmax = coef * exp(logit - max)
+      scaled_exp(row, drow, s.real, mx, coef);
+      for (int64_t c = s.real; c < s.cols; ++c) drow[c] = 0.f;
+      const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
+      if (local >= 0 && local < s.real) drow[local] -= grad_scale;
+      w.store(1, dlogits, n * s.cols, s.cols);
+    }
   }
-  df.commit();
 }
 
 }  // namespace gpt

@@ -1,5 +1,6 @@
 // Element-wise CPU kernels: tanh-approximated GELU and its derivative, the residual add / accumulate, and
-// in-place scaling. Each is one flat OpenMP loop over the elements that the compiler vectorises (tanh
+// in-place scaling. Each walks the elements in pieces over the OpenMP threads (for_each_window), so a
+// bf16 tensor is converted one cached piece at a time; the loops are vectorised by the compiler (tanh
 // comes from fast_tanh in cpu_math.h, which vectorises where std::tanh does not).
 #include "model/ops/cpu/cpu_backend.h"
 #include "model/ops/cpu/cpu_dispatch.h"
@@ -43,72 +44,71 @@ GPT_CPU_KERNEL void gelu_backward_chunk(const float* xp, const float* dyp, float
   }
 }
 
+// out = a + b over n values (out may be a or b).
+GPT_CPU_KERNEL void add_chunk(const float* ap, const float* bp, float* outp, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) outp[i] = ap[i] + bp[i];
+}
+
 }  // namespace
 
 void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
   const char* op = "gelu_forward";
   require_float(x, op, "x");
+  require_float(y, op, "y");
   require_same_numel(x, y, op, "x", "y");
-  F32Input xf(x, op, "x");
-  F32Output yf(y, false, op, "y");
-  const float* xp = xf.get();
-  float* yp = yf.get();
-  const int64_t n = x.numel();
-  for_each_chunk(n, kParallelElems, [&](int64_t lo, int64_t hi) { gelu_chunk(xp + lo, yp + lo, hi - lo); });
-  yf.commit();
+  for_each_window(x.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
+    gelu_chunk(w.in(0, x, lo, len), w.out(1, y, lo, len), len);
+    w.store(1, y, lo, len);
+  });
 }
 
 void CpuBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const char* op = "gelu_backward";
   require_float(x, op, "x");
+  require_float(dy, op, "dy");
+  require_float(dx, op, "dx");
   require_same_numel(x, dy, op, "x", "dy");
   require_same_numel(x, dx, op, "x", "dx");
-  F32Input xf(x, op, "x"), dyf(dy, op, "dy");
-  F32Output dxf(dx, false, op, "dx");
-  const float *xp = xf.get(), *dyp = dyf.get();
-  float* dxp = dxf.get();
-  const int64_t n = x.numel();
-  for_each_chunk(n, kParallelElems,
-                 [&](int64_t lo, int64_t hi) { gelu_backward_chunk(xp + lo, dyp + lo, dxp + lo, hi - lo); });
-  dxf.commit();
+  for_each_window(x.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
+    gelu_backward_chunk(w.in(0, x, lo, len), w.in(1, dy, lo, len), w.out(2, dx, lo, len), len);
+    w.store(2, dx, lo, len);
+  });
 }
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "add";
   require_float(a, op, "a");
+  require_float(b, op, "b");
+  require_float(out, op, "out");
   require_same_numel(a, b, op, "a", "b");
   require_same_numel(a, out, op, "a", "out");
-  F32Input af(a, op, "a"), bf(b, op, "b");
-  F32Output of(out, false, op, "out");
-  const float *ap = af.get(), *bp = bf.get();
-  float* op_ = of.get();
-  const int64_t n = a.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) op_[i] = ap[i] + bp[i];
-  of.commit();
+  for_each_window(a.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
+    add_chunk(w.in(0, a, lo, len), w.in(1, b, lo, len), w.out(2, out, lo, len), len);
+    w.store(2, out, lo, len);
+  });
 }
 
 void CpuBackend::accumulate(const Tensor& src, Tensor& dst) {
   const char* op = "accumulate";
   require_float(src, op, "src");
+  require_float(dst, op, "dst");
   require_same_numel(src, dst, op, "src", "dst");
-  F32Input sf(src, op, "src");
-  F32Output df(dst, true, op, "dst");
-  const float* sp = sf.get();
-  float* dp = df.get();
-  const int64_t n = src.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) dp[i] += sp[i];
-  df.commit();
+  for_each_window(src.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
+    float* dp = w.out(1, dst, lo, len, true);
+    add_chunk(dp, w.in(0, src, lo, len), dp, len);
+    w.store(1, dst, lo, len);
+  });
 }
 
 void CpuBackend::scale(Tensor& t, float alpha) {
-  F32Output tf(t, true, "scale", "t");
-  float* p = tf.get();
-  const int64_t n = t.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) p[i] *= alpha;
-  tf.commit();
+  require_float(t, "scale", "t");
+  for_each_window(t.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
+    float* p = w.out(0, t, lo, len, true);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) p[i] *= alpha;
+    w.store(0, t, lo, len);
+  });
 }
 
 }  // namespace gpt

@@ -62,23 +62,23 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64
   ops::check_table(kChecks, dtable, op, "dtable");
   const int64_t N = ids.numel(), rows = dtable.dim(0), C = dtable.dim(1);
   require_numel(dout, N * C, op, "dout", shape_str({N, C}));
-  F32Input df(dout, op, "dout");
+  require_float(dout, op, "dout");
   F32Output tf(dtable, true, op, "dtable");
   const int32_t* idp = ids.i32();
-  const float* dp = df.get();
   float* gp = tf.get();
   const int nt = threads_for(N * C, 1 << 14);
 #pragma omp parallel num_threads(nt)
   {
     int64_t c0, c1;
     chunk_range(C, omp_get_thread_num(), omp_get_num_threads(), c0, c1);
+    Windows w;
     for (int64_t n = 0; n < N; ++n) {
       const int64_t local = static_cast<int64_t>(idp[n]) - vocab_start;
       if (local < 0 || local >= rows) continue;
-      float* g = gp + local * C;
-      const float* d = dp + n * C;
+      float* g = gp + local * C + c0;
+      const float* d = w.in(0, dout, n * C + c0, c1 - c0);  // this thread's columns of the row
 #pragma omp simd
-      for (int64_t c = c0; c < c1; ++c) g[c] += d[c];
+      for (int64_t c = 0; c < c1 - c0; ++c) g[c] += d[c];
     }
   }
   tf.commit();
@@ -87,35 +87,37 @@ void CpuBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int64
 void CpuBackend::add_positions(const Tensor& pos_table, int64_t T, Tensor& out) {
   const char* op = "add_positions";
   const auto [B, C] = ops::check_positions(kChecks, pos_table, T, out, op, "pos_table", "out");
-  F32Input pf(pos_table, op, "pos_table");
-  F32Output of(out, true, op, "out");
-  const float* pp = pf.get();
-  float* o = of.get();
-#pragma omp parallel for schedule(static) if (B * T * C > (1 << 15))
-  for (int64_t r = 0; r < B * T; ++r) {
-    const float* p = pp + (r % T) * C;
-    float* row = o + r * C;
+#pragma omp parallel if (B * T * C > (1 << 15))
+  {
+    Windows w;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < B * T; ++r) {
+      const float* p = w.in(0, pos_table, (r % T) * C, C);
+      float* row = w.out(1, out, r * C, C, true);
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) row[c] += p[c];
+      for (int64_t c = 0; c < C; ++c) row[c] += p[c];
+      w.store(1, out, r * C, C);
+    }
   }
-  of.commit();
 }
 
 void CpuBackend::add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) {
   const char* op = "add_positions_backward";
   const auto [B, C] = ops::check_positions(kChecks, dpos, T, dout, op, "dpos", "dout");
-  F32Input df(dout, op, "dout");
   F32Output pf(dpos, true, op, "dpos");
-  const float* d = df.get();
   float* p = pf.get();
   // Each position row is owned by one thread, which sums the B sequences in order.
-#pragma omp parallel for schedule(static) if (B * T * C > (1 << 15))
-  for (int64_t t = 0; t < T; ++t) {
-    float* prow = p + t * C;
-    for (int64_t b = 0; b < B; ++b) {
-      const float* drow = d + (b * T + t) * C;
+#pragma omp parallel if (B * T * C > (1 << 15))
+  {
+    Windows w;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      float* prow = p + t * C;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* drow = w.in(0, dout, (b * T + t) * C, C);
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) prow[c] += drow[c];
+        for (int64_t c = 0; c < C; ++c) prow[c] += drow[c];
+      }
     }
   }
   pf.commit();

@@ -1,4 +1,5 @@
-// LayerNorm over the last dimension on the CPU, one row per loop iteration. The backward pass uses the
+// LayerNorm over the last dimension on the CPU, one row per loop iteration (a bf16 row is converted into
+// the thread's fp32 window, cpu_tensor_access.h, and the result rounded back once). The backward pass uses the
 // standard closed form dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma; gamma and
 // beta gradients are summed per thread over a fixed block of rows and the partial sums are then added in
 // thread order, which keeps the result reproducible.
@@ -33,31 +34,24 @@ GPT_CPU_KERNEL void layernorm_row(const float* xr, const float* gp, const float*
   *rstd = rs;
 }
 
-// Rows [r0, r1): dx, and this thread's partial dgamma (pg) and dbeta (pb) sums.
-GPT_CPU_KERNEL void layernorm_backward_rows(const float* dyp, const float* xp, const float* gp, const float* mp,
-                                            const float* rp, float* dxp, float* pg, float* pb, int64_t r0, int64_t r1,
-                                            int64_t C) {
-  for (int64_t n = r0; n < r1; ++n) {
-    const float* xr = xp + n * C;
-    const float* dyr = dyp + n * C;
-    const float mu = mp[n], rs = rp[n];
-    float sum_g = 0.f, sum_gx = 0.f;
+// One row: dx, and this thread's partial dgamma (pg) and dbeta (pb) sums.
+GPT_CPU_KERNEL void layernorm_backward_row(const float* dyr, const float* xr, const float* gp, float mu, float rs,
+                                           float* dxr, float* pg, float* pb, int64_t C) {
+  float sum_g = 0.f, sum_gx = 0.f;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - mu) * rs;
-      const float g = dyr[c] * gp[c];
-      sum_g += g;
-      sum_gx += g * xhat;
-    }
-    const float mean_g = sum_g / C, mean_gx = sum_gx / C;
-    float* dxr = dxp + n * C;
+  for (int64_t c = 0; c < C; ++c) {
+    const float xhat = (xr[c] - mu) * rs;
+    const float g = dyr[c] * gp[c];
+    sum_g += g;
+    sum_gx += g * xhat;
+  }
+  const float mean_g = sum_g / C, mean_gx = sum_gx / C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - mu) * rs;
-      dxr[c] = rs * (dyr[c] * gp[c] - mean_g - xhat * mean_gx);
-      pg[c] += dyr[c] * xhat;
-      pb[c] += dyr[c];
-    }
+  for (int64_t c = 0; c < C; ++c) {
+    const float xhat = (xr[c] - mu) * rs;
+    dxr[c] = rs * (dyr[c] * gp[c] - mean_g - xhat * mean_gx);
+    pg[c] += dyr[c] * xhat;
+    pb[c] += dyr[c];
   }
 }
 
@@ -74,14 +68,19 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
   require_dtype(rstd, DType::F32, op, "rstd");
   require_numel(mean, N, op, "mean", "one value per row");
   require_numel(rstd, N, op, "rstd", "one value per row");
-  F32Input xf(x, op, "x"), gf(gamma, op, "gamma"), bf(beta, op, "beta");
-  F32Output yf(y, false, op, "y");
-  const float *xp = xf.get(), *gp = gf.get(), *bp = bf.get();
-  float *yp = yf.get(), *mp = mean.f32(), *rp = rstd.f32();
-
-#pragma omp parallel for schedule(static) if (N * C > (1 << 14))
-  for (int64_t n = 0; n < N; ++n) layernorm_row(xp + n * C, gp, bp, yp + n * C, C, eps, mp + n, rp + n);
-  yf.commit();
+  require_float(y, op, "y");
+  F32Input gf(gamma, op, "gamma"), bf(beta, op, "beta");
+  const float *gp = gf.get(), *bp = bf.get();
+  float *mp = mean.f32(), *rp = rstd.f32();
+#pragma omp parallel if (N * C > (1 << 14))
+  {
+    Windows w;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      layernorm_row(w.in(0, x, n * C, C), gp, bp, w.out(1, y, n * C, C), C, eps, mp + n, rp + n);
+      w.store(1, y, n * C, C);
+    }
+  }
 }
 
 void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -90,10 +89,9 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
   const int64_t C = gamma.numel();
   const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
   ops::check_layernorm_backward(kChecks, dy, x, mean, rstd, dx, dgamma, dbeta, N, C, op);
-  F32Input dyf(dy, op, "dy"), xf(x, op, "x"), gf(gamma, op, "gamma");
-  F32Output dxf(dx, false, op, "dx"), dgf(dgamma, true, op, "dgamma"), dbf(dbeta, true, op, "dbeta");
-  const float *dyp = dyf.get(), *xp = xf.get(), *gp = gf.get(), *mp = mean.f32(), *rp = rstd.f32();
-  float* dxp = dxf.get();
+  F32Input gf(gamma, op, "gamma");
+  F32Output dgf(dgamma, true, op, "dgamma"), dbf(dbeta, true, op, "dbeta");
+  const float *gp = gf.get(), *mp = mean.f32(), *rp = rstd.f32();
 
   const int nt = threads_for(N * C, 1 << 14);
   // Per-thread partial sums: [thread][0..C) for dgamma, [thread][C..2C) for dbeta.
@@ -108,7 +106,12 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
     chunk_range(N, t, omp_get_num_threads(), r0, r1);
     float* pg = partial.data() + static_cast<size_t>(t) * 2 * C;
     float* pb = pg + C;
-    layernorm_backward_rows(dyp, xp, gp, mp, rp, dxp, pg, pb, r0, r1, C);
+    Windows w;
+    for (int64_t n = r0; n < r1; ++n) {
+      layernorm_backward_row(w.in(0, dy, n * C, C), w.in(1, x, n * C, C), gp, mp[n], rp[n], w.out(2, dx, n * C, C),
+                             pg, pb, C);
+      w.store(2, dx, n * C, C);
+    }
   }
   float *dgp = dgf.get(), *dbp = dbf.get();
   for (int t = 0; t < used; ++t) {
@@ -118,7 +121,6 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
       dbp[c] += pg[C + c];
     }
   }
-  dxf.commit();
   dgf.commit();
   dbf.commit();
 }

@@ -127,9 +127,7 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
 
   if (db) {
     require_numel(*db, d.out, op, "db", shape_str({d.out}));
-    F32Input dyf(dy, op, "dy");  // the bias gradient sums dy in fp32 whatever the products use
-    const float* dyp = dyf.get();
-    F32Output dbf(*db, true, op, "db");
+    F32Output dbf(*db, true, op, "db");  // the bias gradient sums dy in fp32 whatever the products use
     float* dbp = dbf.get();
     // Each thread owns a range of columns and walks every row, so no two threads touch the same sum. The
     // microbatch's column sums are formed first and then added to db, like the beta = 1 products above.
@@ -139,10 +137,11 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
       int64_t c0, c1;
       chunk_range(d.out, omp_get_thread_num(), omp_get_num_threads(), c0, c1);
       std::vector<float> sums(c1 - c0, 0.f);
+      Windows w;
       for (int64_t n = 0; n < d.rows; ++n) {
-        const float* row = dyp + n * d.out;
+        const float* row = w.in(0, dy, n * d.out + c0, c1 - c0);  // this thread's columns of the row
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) sums[c - c0] += row[c];
+        for (int64_t c = 0; c < c1 - c0; ++c) sums[c] += row[c];
       }
       for (int64_t c = c0; c < c1; ++c) dbp[c] += sums[c - c0];
     }

@@ -40,10 +40,11 @@ constexpr size_t kAlignment = 64;
 std::atomic<size_t> g_bytes_in_use{0};
 std::atomic<size_t> g_bytes_peak{0};
 std::atomic<size_t> g_scratch_in_use{0};  // kernels' conversion buffers (ScratchBuffer): pooled, not counted
+std::atomic<size_t> g_scratch_peak{0};
 
-void raise_peak(size_t now) {
-  size_t seen = g_bytes_peak.load(std::memory_order_relaxed);
-  while (now > seen && !g_bytes_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+void raise_peak(std::atomic<size_t>& peak, size_t now) {
+  size_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
   }
 }
 
@@ -162,7 +163,7 @@ Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
   storage->bytes = bytes;
   storage->device = Device::CPU;
   storage->deleter = &free_host;
-  raise_peak(g_bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  raise_peak(g_bytes_peak, g_bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return Tensor(std::move(storage), 0, shape, dtype);
 }
 
@@ -172,8 +173,12 @@ ScratchBuffer::ScratchBuffer(size_t bytes) : bytes_(bytes) {
   ptr_ = block_pool().take(bytes, live_bytes());
   if (!ptr_) throw std::runtime_error("CpuBackend: out of host memory allocating a " + std::to_string(bytes) +
                                       "-byte conversion buffer");
-  g_scratch_in_use.fetch_add(bytes, std::memory_order_relaxed);
+  raise_peak(g_scratch_peak, g_scratch_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes);
 }
+
+size_t scratch_bytes_in_use() { return g_scratch_in_use.load(std::memory_order_relaxed); }
+size_t scratch_bytes_peak() { return g_scratch_peak.load(std::memory_order_relaxed); }
+void reset_scratch_peak() { g_scratch_peak.store(scratch_bytes_in_use(), std::memory_order_relaxed); }
 
 ScratchBuffer::~ScratchBuffer() {
   if (!ptr_) return;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/half.h"
 
 #include <immintrin.h>
@@ -51,6 +52,35 @@ void f32_to_fp16_range(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }
 
+GPT_CPU_KERNEL void bf16_to_f32_range(const uint16_t* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(src[i]);
+}
+
+GPT_CPU_KERNEL void f32_to_bf16_range(const float* src, uint16_t* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_bf16(src[i]);
+}
+
+// One piece, on the calling thread.
+void convert_to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (src_dtype == DType::F16) {
+    fp16_to_f32_range(s, dst, n);
+  } else {
+    bf16_to_f32_range(s, dst, n);
+  }
+}
+
+void convert_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (dst_dtype == DType::F16) {
+    f32_to_fp16_range(src, d, n);
+  } else {
+    f32_to_bf16_range(src, d, n);
+  }
+}
+
 }  // namespace
 
 void to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
@@ -64,12 +94,8 @@ void to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelConvert)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t lo = blk * kBlock, len = std::min(kBlock, n - lo);
-    if (src_dtype == DType::F16) {
-      fp16_to_f32_range(s + lo, dst + lo, len);
-    } else {
-      for (int64_t i = lo; i < lo + len; ++i) dst[i] = bf16_to_fp32(s[i]);
-    }
+    const int64_t lo = blk * kBlock;
+    convert_to_f32(s + lo, src_dtype, dst + lo, std::min(kBlock, n - lo));
   }
 }
 
@@ -84,13 +110,36 @@ void from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelConvert)
   for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t lo = blk * kBlock, len = std::min(kBlock, n - lo);
-    if (dst_dtype == DType::F16) {
-      f32_to_fp16_range(src + lo, d + lo, len);
-    } else {
-      for (int64_t i = lo; i < lo + len; ++i) d[i] = fp32_to_bf16(src[i]);
-    }
+    const int64_t lo = blk * kBlock;
+    convert_from_f32(src + lo, d + lo, dst_dtype, std::min(kBlock, n - lo));
   }
+}
+
+float* Windows::buffer(int slot, int64_t len) {
+  if (capacity_[slot] < len) {
+    buf_[slot].reset(new float[len]);
+    capacity_[slot] = len;
+  }
+  return buf_[slot].get();
+}
+
+const float* Windows::in(int slot, const Tensor& t, int64_t lo, int64_t len) {
+  if (t.dtype() == DType::F32) return t.f32() + lo;
+  float* w = buffer(slot, len);
+  convert_to_f32(static_cast<const uint16_t*>(t.raw()) + lo, t.dtype(), w, len);
+  return w;
+}
+
+float* Windows::out(int slot, Tensor& t, int64_t lo, int64_t len, bool load) {
+  if (t.dtype() == DType::F32) return t.f32() + lo;
+  float* w = buffer(slot, len);
+  if (load) convert_to_f32(static_cast<const uint16_t*>(t.raw()) + lo, t.dtype(), w, len);
+  return w;
+}
+
+void Windows::store(int slot, Tensor& t, int64_t lo, int64_t len) const {
+  if (t.dtype() == DType::F32) return;
+  convert_from_f32(buf_[slot].get(), static_cast<uint16_t*>(t.raw()) + lo, t.dtype(), len);
 }
 
 F32Input::F32Input(const Tensor& t, const char* op, const char* arg) {

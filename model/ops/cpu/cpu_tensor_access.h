@@ -1,12 +1,16 @@
 // How CPU kernels read and write tensors: argument checks that throw with the op and argument named, bulk
-// dtype conversion (fp32 <-> bf16 / fp16), and fp32 windows onto tensors of any float dtype. Kernels are
-// written once for fp32; an F32 tensor is used in place, a 16-bit one goes through a converted copy, so a
-// BF16/F16 tensor is never misread as fp32.
+// dtype conversion (fp32 <-> bf16 / fp16), and fp32 views of tensors of any float dtype. Kernels are
+// written once for fp32; an F32 tensor is used in place, a 16-bit one is converted, so a BF16/F16 tensor
+// is never misread as fp32. Kernels that walk a tensor in pieces (rows, element ranges) use Windows, which
+// converts one piece at a time through a small per-thread buffer, so the bf16 path makes no whole-tensor
+// fp32 copy; F32Input/F32Output convert whole tensors and serve the few kernels that need random access.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/op_checks.h"
 #include "model/tensor.h"
 
@@ -50,7 +54,48 @@ class ScratchBuffer {
   size_t bytes_ = 0;
 };
 
-// Read-only fp32 view of a float tensor.
+// Bytes of ScratchBuffer in use now, and the most in use at once since the process started (or since the
+// last reset_scratch_peak()): the conversion copies' share of memory, which the tensor counters leave out.
+size_t scratch_bytes_in_use();
+size_t scratch_bytes_peak();
+void reset_scratch_peak();
+
+// fp32 windows onto pieces of float tensors, for a kernel that walks tensors piece by piece. An F32 tensor
+// is used in place. A 16-bit tensor is converted one piece at a time through a buffer that this object
+// owns (one per slot, reused from piece to piece and kept between calls), so its fp32 form never exists
+// whole. Use one object per thread; check dtypes (require_float) once before the loop.
+class Windows {
+ public:
+  static constexpr int kSlots = 4;
+  // Elements [lo, lo + len) of t as fp32, read only.
+  const float* in(int slot, const Tensor& t, int64_t lo, int64_t len);
+  // Elements [lo, lo + len) of t to write as fp32, holding t's current values when `load` (for "+="
+  // outputs). store() then writes a 16-bit tensor's window back, rounded once; for F32 it does nothing.
+  float* out(int slot, Tensor& t, int64_t lo, int64_t len, bool load = false);
+  void store(int slot, Tensor& t, int64_t lo, int64_t len) const;
+
+ private:
+  float* buffer(int slot, int64_t len);
+  std::unique_ptr<float[]> buf_[kSlots];
+  int64_t capacity_[kSlots] = {};
+};
+
+// Calls f(windows, lo, len) on consecutive pieces [lo, lo + len) of [0, n), spread over the OpenMP threads
+// when n exceeds `parallel_above`, with one Windows object per thread: for element-wise kernels. Pieces are
+// 4096 elements, so a thread's converted windows stay in its cache.
+template <class F>
+void for_each_window(int64_t n, int64_t parallel_above, F&& f) {
+  constexpr int64_t kPiece = 4096;
+  const int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel if (n > parallel_above)
+  {
+    Windows windows;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pieces; ++p) f(windows, p * kPiece, std::min(kPiece, n - p * kPiece));
+  }
+}
+
+// Read-only fp32 view of a float tensor (a whole-tensor copy for a 16-bit one).
 class F32Input {
  public:
   F32Input(const Tensor& t, const char* op, const char* arg);
