@@ -414,13 +414,14 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
     // Attention core forward + backward at config M's shape (heads of 64, seq 256).
     const int64_t B = 1, T = 256, H = 6, D = 64;
     Tensor qkv = random_tensor(*be, {B * T, 3 * H * D}, DType::F32), out = be->empty({B * T, H * D});
-    Tensor probs = be->empty({B, H, T, T}), dout = random_tensor(*be, {B * T, H * D}, DType::F32);
+    Tensor lse = be->empty({B, H, T}), dout = random_tensor(*be, {B * T, H * D}, DType::F32);
     Tensor dqkv = be->empty({B * T, 3 * H * D});
     double t = best_seconds(8, [&] {
-      be->attention_forward(qkv, B, T, H, D, out, probs);
-      be->attention_backward(dout, qkv, probs, B, T, H, D, dqkv);
+      be->attention_forward(qkv, B, T, H, D, out, lse);
+      be->attention_backward(dout, qkv, out, lse, B, T, H, D, dqkv);
     });
-    hw.attention_efficiency = std::min(2.0, 3 * 4.0 * B * T * T * H * D / t / (hw.peak_tflops_fp32 * 1e12));
+    // The time model charges forward and backward 3.5 times the forward's two products (planner.cpp).
+    hw.attention_efficiency = std::min(2.0, 3.5 * 4.0 * B * T * T * H * D / t / (hw.peak_tflops_fp32 * 1e12));
   }
   {
     // The memory-bound kernels of one block, forward and backward (2 layernorms, 2 residual adds and
@@ -474,7 +475,7 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
 int plan_main(const ParsedArgs& args) {
   try {
     args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
-                        "p2p-buffers", "grad-dtype", "p2p-scatter-gather", "probe", "threads"});
+                        "p2p-buffers", "grad-dtype", "p2p-scatter-gather", "attention", "probe", "threads"});
     if (args.has("probe")) {
       const std::string out = args.get("probe");
       if (out.empty()) throw std::runtime_error("--probe needs the file to write");
@@ -510,6 +511,10 @@ int plan_main(const ParsedArgs& args) {
     const std::string sg = args.get("p2p-scatter-gather", "off");
     if (sg == "on") o.p2p_scatter_gather = true;
     else if (sg != "off") throw std::runtime_error("--p2p-scatter-gather: expected on or off, got '" + sg + "'");
+    const std::string attention = args.get("attention", "fused");
+    if (attention == "materialized") o.materialized_attention = true;
+    else if (attention != "fused")
+      throw std::runtime_error("--attention: expected fused or materialized, got '" + attention + "'");
     const ModelDims m = model_dims_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
     if (args.get_bool("json", false))

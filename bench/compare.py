@@ -2,6 +2,7 @@
 """CPU benchmark harness: gpt-train against an equivalent PyTorch training step, in one run, on this machine.
 
     compare.py [--configs S,M,124M] [--dtypes fp32,bf16] [--threads K] [--layouts] [--recompute] [--no-throughput]
+               [--attention-lengths T,... [--baseline-gpt-train PATH]]
                [--gpt-train PATH] [--gemm-peak PATH] [--work-dir DIR] [--openblas-coretype NAME]
                [--steps-scale X] [--timeout SECONDS] [--wait-idle SECONDS] [--idle-threshold F]
 
@@ -18,9 +19,15 @@ microbatches of 2 for every layout, so each does the same arithmetic per step (1
 Reports tokens/s and the per-rank communication volume that gpt-train's byte counters log, next to the
 volume the layout implies.
 
+Attention part (--attention-lengths T,...): a 4-layer model (hidden 256, 4 heads of 64, vocab 8192) at
+each sequence length T with 4096 tokens per step (batch 4096 / T), in every dtype: gpt-train (fused
+attention), a baseline gpt-train given by --baseline-gpt-train (e.g. a build of the commit before fused
+attention, whose attention kept the [B, H, T, T] softmax), and PyTorch's step (bench_torch.py, which
+materialises the softmax too); tokens/s and peak RSS of each.
+
 Recomputation part (--recompute): for every config and dtype, gpt-train again with training.recompute =
-selective (the attention core, Megatron's meaning) and full (each block's forward rerun before its
-backward); the table shows the step time each costs and the memory it saves against recompute = none
+selective (the GELU output recomputed; model/transformer_block.h) and full (each block's forward rerun
+before its backward); the table shows the step time each costs and the memory it saves against recompute = none
 (the throughput run, or a fresh one under --no-throughput): the trainer's own allocation peak of the
 step, and the process's peak RSS.
 
@@ -203,18 +210,20 @@ def summarize_metrics(metrics, warmup):
             "logged_tflops": statistics.median(r["tflops_per_device"] for r in timed)}
 
 
-def run_ours(args, name, dtype, out_dir, recompute="none"):
+def run_ours(args, name, dtype, out_dir, recompute="none", binary=None, impl="gpt-train"):
     layers, hidden, heads, seq, batch, vocab, warmup, steps = CONFIGS[name]
     steps = max(1, round(steps * args.steps_scale))
-    tag = f"{name}-{dtype}-gpt-train" + ("" if recompute == "none" else f"-recompute-{recompute}")
+    tag = f"{name}-{dtype}-{impl}" + ("" if recompute == "none" else f"-recompute-{recompute}")
     metrics, time_file = os.path.join(out_dir, tag + ".jsonl"), os.path.join(out_dir, tag + ".time")
     for path in (metrics, time_file):
         if os.path.exists(path):
             os.remove(path)  # the metrics writer appends
     cmd = ["/usr/bin/time", "-v", "-o", time_file] + gpt_train_args(
         args, layers, hidden, heads, seq, vocab, batch, batch, warmup + steps, dtype, metrics, recompute=recompute)
+    if binary:
+        cmd[cmd.index(args.gpt_train)] = binary
     waited = wait_for_idle(args)
-    result = {"impl": "gpt-train", "config": name, "dtype": dtype, "recompute": recompute, "load_before": load_average(),
+    result = {"impl": impl, "config": name, "dtype": dtype, "recompute": recompute, "load_before": load_average(),
               "waited_for_idle_s": waited, "command": shlex.join(cmd)}
     rc, wall = run_logged(cmd, thread_env(args.threads, args.openblas_coretype), os.path.join(out_dir, tag + ".log"),
                           args.timeout)
@@ -449,6 +458,36 @@ def print_throughput(rows, peaks, threads):
                   f"{cpu} | {load} |")
 
 
+def attention_config(T):
+    return f"T{T}"
+
+
+def print_attention(rows, lengths):
+    print("\nAttention: 4 layers, hidden 256, 4 heads of 64, vocab 8192, 4096 tokens per step (batch 4096/T); "
+          "fused = this gpt-train, materialised = --baseline-gpt-train; RSS = peak resident set size\n")
+    head = ("| T | batch | dtype | fused tok/s | materialised tok/s | fused / materialised | PyTorch tok/s | "
+            "fused / PyTorch | fused RSS MB | materialised RSS MB | PyTorch RSS MB | CPU % |")
+    print_table_head(head)
+    by_key = {(r["config"], r["dtype"], r["impl"]): r for r in rows}
+    for T in lengths:
+        name = attention_config(T)
+        for dtype in ("fp32", "bf16"):
+            f, m, t = (by_key.get((name, dtype, impl)) for impl in ("gpt-train", "materialized", "pytorch"))
+            if not f and not m and not t:
+                continue
+
+            def tok(r):
+                return r.get("tokens_per_s") if r and r.get("rc") == 0 else None
+
+            def ratio(a, b):
+                return fmt(tok(a) / tok(b), ".2f") + "x" if tok(a) and tok(b) else "-"
+
+            cpu = "/".join(fmt(r.get("cpu_percent")) for r in (f, m, t) if r)
+            print(f"| {T} | {CONFIGS[name][4]} | {dtype} | {fmt(tok(f))} | {fmt(tok(m))} | {ratio(f, m)} | "
+                  f"{fmt(tok(t))} | {ratio(f, t)} | {fmt(f and f.get('peak_rss_mb'))} | "
+                  f"{fmt(m and m.get('peak_rss_mb'))} | {fmt(t and t.get('peak_rss_mb'))} | {cpu} |")
+
+
 def print_recompute(rows):
     print("\nActivation recomputation (gpt-train, training.recompute): step time and memory against 'none'")
     print("peak MB = the trainer's allocation high-water mark of the step (tensors only; logged as mem_peak); "
@@ -509,6 +548,10 @@ def parse_args(argv):
                         help="also run gpt-train with training.recompute=selective and full for each config and "
                              "dtype, and print the memory saved and the time it costs")
     parser.add_argument("--no-throughput", action="store_true", help="skip the gpt-train vs PyTorch part")
+    parser.add_argument("--attention-lengths", default="",
+                        help="comma-separated sequence lengths for the attention part (e.g. 256,1024,2048,4096)")
+    parser.add_argument("--baseline-gpt-train", default="",
+                        help="a gpt-train build with materialised attention, for the attention part")
     parser.add_argument("--gpt-train", default=os.path.join(REPO, "build", "gpt-train"))
     parser.add_argument("--gemm-peak", default=os.path.join(REPO, "build", "bench", "gemm_peak"))
     parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "bench"))
@@ -525,6 +568,16 @@ def parse_args(argv):
                         help="idle fraction of all cores (over 2 s) that counts as idle for --wait-idle")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
+    try:
+        args.attention_lengths = [int(t) for t in args.attention_lengths.split(",") if t]
+    except ValueError:
+        parser.error(f"--attention-lengths: expected integers, got {args.attention_lengths!r}")
+    for T in args.attention_lengths:
+        if not 0 < T <= 4096 or 4096 % T:
+            parser.error(f"--attention-lengths: {T} must divide 4096")
+        CONFIGS[attention_config(T)] = (4, 256, 4, T, 4096 // T, 8192, 1, 3)
+    if args.baseline_gpt_train and not os.access(args.baseline_gpt_train, os.X_OK):
+        parser.error(f"--baseline-gpt-train: {args.baseline_gpt_train} is not an executable")
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     for c in args.configs:
         if c not in CONFIGS:
@@ -549,7 +602,8 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
     results = {"threads": args.threads, "openblas_coretype": args.openblas_coretype or None,
-               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "throughput": [], "layouts": [], "recompute": []}
+               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "throughput": [], "layouts": [], "recompute": [],
+               "attention": []}
     out_json = os.path.join(args.work_dir, "results.json")
 
     def save():
@@ -572,6 +626,22 @@ def main(argv=None):
         results["peaks"] = best_peaks(results["peaks"], measure_peaks(args, args.work_dir))
         save()
         print_throughput(results["throughput"], results["peaks"], args.threads)
+    if args.attention_lengths:
+        for T in args.attention_lengths:
+            for dtype in args.dtypes:
+                name = attention_config(T)
+                runners = [lambda: run_ours(args, name, dtype, args.work_dir)]
+                if args.baseline_gpt_train:
+                    runners.append(lambda: run_ours(args, name, dtype, args.work_dir, binary=args.baseline_gpt_train,
+                                                    impl="materialized"))
+                runners.append(lambda: run_torch(args, name, dtype, args.work_dir))
+                for runner in runners:
+                    r = runner()
+                    print(f"  {r['impl']} T={T} {dtype}: rc={r['rc']} {fmt(r.get('tokens_per_s'))} tokens/s "
+                          f"({r['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+                    results["attention"].append(r)
+                    save()
+        print_attention(results["attention"], args.attention_lengths)
     if args.recompute:
         for name in args.configs:
             for dtype in args.dtypes:

@@ -38,8 +38,8 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   c.ln1_full = enter_tp_region(ctx, c.ln1);
   qkv_.forward(ctx, c.ln1_full, c.qkv);
   c.att = be.empty({B * T, local_heads_ * D}, x.dtype());
-  c.probs = be.empty({B, local_heads_, T, T});
-  be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.probs);
+  c.lse = be.empty({B, local_heads_, T});
+  be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.lse);
   Tensor proj_partial;
   proj_.forward(ctx, c.att, proj_partial);
   Tensor attn_out = exit_tp_region(ctx, proj_partial);
@@ -56,8 +56,11 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   Tensor mlp_out = exit_tp_region(ctx, fc2_partial);
   out = be.empty(x.shape(), x.dtype());
   be.add(c.h, mlp_out, out);
-  if (recompute == Recompute::Selective) c.probs = Tensor();
-  if (recompute == Recompute::Full) c = BlockCache{x};
+  if (recompute == Recompute::Selective) c.act = Tensor();
+  if (recompute == Recompute::Full) {
+    c = BlockCache();
+    c.input = x;
+  }
 }
 
 void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& c,
@@ -69,9 +72,8 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
     Tensor input = c.input;
     forward(ctx, input, B, T, unused, c);
   } else if (recompute == Recompute::Selective) {
-    Tensor att = be.empty(c.att.shape(), c.att.dtype());
-    c.probs = be.empty({B, local_heads_, T, T});
-    be.attention_forward(c.qkv, B, T, local_heads_, D, att, c.probs);
+    c.act = be.empty(c.fc1.shape(), c.fc1.dtype());
+    be.gelu_forward(c.fc1, c.act);
   }
   // MLP branch
   Tensor dout_full = exit_tp_region_backward(ctx, dout);
@@ -89,8 +91,8 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   Tensor datt, dln1_full;
   proj_.backward(ctx, dh_full, c.att, datt);
   Tensor dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
-  be.attention_backward(datt, c.qkv, c.probs, B, T, local_heads_, D, dqkv);
-  c.probs = c.att = Tensor();
+  be.attention_backward(datt, c.qkv, c.att, c.lse, B, T, local_heads_, D, dqkv);
+  c.lse = c.att = Tensor();
   qkv_.backward(ctx, dqkv, c.ln1_full, &dln1_full);
   Tensor dln1 = enter_tp_region_backward(ctx, dln1_full);
   ln1_.backward(ctx, dln1, c.input, c.ln1_stats, dx);

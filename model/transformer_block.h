@@ -25,12 +25,15 @@ struct BlockCache {
   Tensor input;               // x
   Tensor ln1_full, ln2_full;  // layernorm outputs as the column-parallel linears saw them
   Tensor ln1, h, ln2;
-  Tensor qkv, att, probs, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice
+  Tensor qkv, att, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice
+  Tensor lse;                 // attention's per-row softmax statistics [B, local heads, T] fp32
   LayerNorm::Cache ln1_stats, ln2_stats;
 };
 
-// Activation recomputation (Megatron's meanings): Selective drops the attention core's softmax
-// probabilities after forward and recomputes them from the saved qkv in backward; Full keeps only the
+// Activation recomputation. The attention core never keeps its [B, H, T, T] softmax: its backward always
+// recomputes it from qkv and the saved statistics (what Megatron's selective mode did for unfused
+// attention). Selective now drops the GELU output, the block's widest activation ([rows, ffn/tp]), and
+// recomputes it from fc1's output before the MLP backward (one element-wise pass); Full keeps only the
 // block's input and reruns the whole block forward before its backward.
 enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& name);

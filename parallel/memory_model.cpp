@@ -40,18 +40,19 @@ struct TensorSizes {
   int64_t Xf = 0;     // [N, h] compute dtype (full rows, inside the tp region)
   int64_t qkv = 0;    // [N, 3h/tp]
   int64_t att = 0;    // [N, h/tp]
-  int64_t probs = 0;  // [B, heads/tp, T, T] fp32
+  int64_t lse = 0;    // attention's softmax statistics [B, heads/tp, T] fp32
   int64_t ffn = 0;    // [N, ffn/tp]
   int64_t stats = 0;  // one layernorm's mean and rstd, fp32 [rows outside]
   int64_t logits = 0; // [N, padded vocab / tp] fp32
+  int64_t dlogits = 0; // their gradient when it is a tensor of its own: bf16 weights (else 0: in place)
   int64_t row = 0;    // [N] fp32
   int64_t batch = 0;  // tokens + targets, int32 [N] each
   int64_t sp_X() const { return sp ? X : 0; }
   int64_t sp_Xf() const { return sp ? Xf : 0; }
   // What a block's cache keeps after forward, besides its input (which is the previous block's output).
   int64_t block_saved(Recompute r) const {
-    int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + probs + 2 * ffn;
-    if (r == Recompute::Selective) return all - probs;
+    int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + lse + 2 * ffn;
+    if (r == Recompute::Selective) return all - ffn;  // the GELU output
     if (r == Recompute::Full) return 0;
     return all;
   }
@@ -67,10 +68,11 @@ TensorSizes tensor_sizes(const ModelDims& m, const LayoutSpec& l) {
   s.Xf = N * m.hidden * d;
   s.qkv = N * 3 * m.hidden / l.tp * d;
   s.att = N * m.hidden / l.tp * d;
-  s.probs = 4 * l.micro_batch * (m.heads / l.tp) * m.seq_length * m.seq_length;
+  s.lse = 4 * l.micro_batch * (m.heads / l.tp) * m.seq_length;
   s.ffn = N * m.ffn / l.tp * d;
   s.stats = 2 * rows * 4;
   s.logits = 4 * N * (m.padded_vocab(l.tp) / l.tp);
+  if (l.dtype == DType::BF16) s.dlogits = 2 * N * (m.padded_vocab(l.tp) / l.tp);
   s.row = 4 * N;
   s.batch = 2 * 4 * N;
   return s;
@@ -79,7 +81,7 @@ TensorSizes tensor_sizes(const ModelDims& m, const LayoutSpec& l) {
 // TransformerBlock::forward: the cache it fills, its locals, and the output.
 void block_forward(Ledger& L, const TensorSizes& s, Recompute r) {
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln1 statistics, ln1, ln1_full
-  L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.probs);
+  L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.lse);
   L.alloc(s.Xf), L.alloc(s.sp_X());                    // proj partial sums, attention output
   L.alloc(s.X);                                        // h
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
@@ -97,8 +99,7 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
     block_forward(L, s, Recompute::None);  // reruns forward into the cache; its output is dropped at once
     L.free(s.X);
   } else if (r == Recompute::Selective) {
-    L.alloc(s.att), L.alloc(s.probs);      // a scratch attention output (dropped at once), the probabilities
-    L.free(s.att);
+    L.alloc(s.ffn);                        // the GELU output, recomputed
   }
   L.alloc(s.sp_Xf());                      // dout gathered
   L.alloc(s.ffn), L.alloc(s.ffn);          // dact, dfc1
@@ -107,7 +108,7 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   L.free(2 * s.ffn + s.X + s.sp_Xf());     // act, fc1, ln2, ln2_full
   L.alloc(s.sp_Xf());                      // dh gathered
   L.alloc(s.att), L.alloc(s.qkv);          // datt, dqkv
-  L.free(s.probs + s.att);
+  L.free(s.lse + s.att);
   L.alloc(s.Xf), L.alloc(s.sp_X());        // dln1_full, dln1
   L.alloc(s.X);                            // dx
   L.free(3 * s.X + s.sp_Xf() + s.qkv + 2 * s.stats);  // the rest of the cache: input, ln1, ln1_full, qkv, h
@@ -131,9 +132,11 @@ void chunk_forward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompu
   L.alloc(s.stats), L.alloc(s.X);       // final layernorm statistics (kept) and output
   L.alloc(s.sp_Xf());                   // output gathered for the head
   L.alloc(s.logits), L.alloc(s.row), L.alloc(s.row), L.alloc(s.row);  // logits, max, sum, target logit
-  L.free(s.row);                        // dlogits overwrite the logits in place
+  L.free(s.row);                        // target logit
+  if (s.dlogits) L.alloc(s.dlogits), L.free(s.logits);  // a bf16 gradient, then the logits go; else in place
+  const int64_t dlogits = s.dlogits ? s.dlogits : s.logits;
   L.alloc(s.Xf), L.alloc(s.sp_X());     // dx over all rows, its row block (kept as head_dx)
-  L.free(2 * s.row + s.logits + 2 * s.sp_Xf());
+  L.free(2 * s.row + dlogits + 2 * s.sp_Xf());
   L.free(s.X);                          // final layernorm output
 }
 
@@ -190,10 +193,11 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string LayoutSpec::str() const {
-  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}", tp, pp, vpp, dp, micro_batch,
+  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}", tp, pp, vpp, dp, micro_batch,
                      recompute_name(recompute), distributed_optimizer ? "on" : "off", sequence_parallel ? " sp" : "",
                      grad_dtype == DType::F32 ? "" : std::string(" grads=") + dtype_name(grad_dtype),
-                     p2p_scatter_gather ? " p2p_scatter_gather" : "");
+                     p2p_scatter_gather ? " p2p_scatter_gather" : "",
+                     materialized_attention ? " materialized_attention" : "");
 }
 
 void validate_layout(const ModelDims& m, const LayoutSpec& l) {
@@ -336,7 +340,7 @@ MemoryEstimate estimate_peak_memory(const ModelDims& m, const LayoutSpec& l, Sen
 
 int64_t largest_forward_tensor(const ModelDims& m, const LayoutSpec& l) {
   const TensorSizes s = tensor_sizes(m, l);
-  return std::max(s.logits, s.probs);
+  return std::max(s.logits, s.ffn);
 }
 
 ModelDims model_dims_from_config(const Config& cfg) {

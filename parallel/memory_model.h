@@ -8,16 +8,19 @@
 //    this rank's shard of the buffers with the distributed optimizer (ZeRO-1) or all of them without;
 //  - activations: the peak, over the pipeline schedule of this rank, of everything a step allocates on
 //    top of that: per microbatch and layer the tensors BlockCache keeps (input, ln1, ln1_full, qkv, att,
-//    probs [B, H/tp, T, T] fp32, h, ln2, ln2_full, fc1, act, layernorm statistics) times the microbatches
+//    the attention statistics [B, H/tp, T] fp32, h, ln2, ln2_full, fc1, act, layernorm statistics) times the microbatches
 //    in flight (num_warmup_passes + 1 chunk passes for 1F1B), the transients of the pass being run (the
-//    LM head's logits [N, V/tp] fp32 (the gradient overwrites them) on the last stage, the gradients of one block in
+//    LM head's logits [N, V/tp] fp32 (the gradient overwrites them, or with bf16 weights is a bf16 tensor of
+//    its own, the logits freed right after it is written) on the last stage, the gradients of one block in
 //    backward, the layer rebuilt by recomputation), the token batches of the first and last stage, and
 //    the pipeline send buffers, which the executor keeps until a received message proves their delivery
 //    (a few per stage, not one per microbatch); or, if larger, the
 //    optimizer step's transient (the distributed optimizer's reduce-scatter target; with 16-bit gradient
 //    buffers, as Megatron-LM has them, their fp32 copies).
-// Recomputation follows Megatron's meanings: selective drops the attention probabilities (recomputed
-// from the saved qkv), full keeps only each block's input and reruns the block before its backward.
+// Attention is fused: no [B, H, T, T] tensor exists (the backends' per-thread attention scratch is not a
+// tensor and is not counted). Recomputation (model/transformer_block.h): selective drops the GELU output
+// (recomputed from fc1's output), full keeps only each block's input and reruns the block before its
+// backward.
 // The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp,
 // model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline_executor.cpp; a change there needs the
 // same change here (tests/memory_model_test.cpp compares the two on real runs).
@@ -61,6 +64,9 @@ struct LayoutSpec {
   // rank sends 1/tp of the activation and the receivers all-gather it over the node's links. Time only:
   // this codebase sends the whole activation from every tensor-parallel rank.
   bool p2p_scatter_gather = false;
+  // Megatron-LM's (2021) unfused attention: the fp32 [B, H, T, T] softmax is written in forward and read
+  // back in backward, which does not recompute QK^T. Time only: this codebase's attention is fused.
+  bool materialized_attention = false;
   int64_t microbatches() const { return global_batch / (micro_batch * dp); }
   int world() const { return tp * pp * dp; }
   // "tp=2 pp=2 vpp=1 dp=1 mb=4 recompute=none dist_opt=off"

@@ -107,25 +107,29 @@ struct PieceTimes {
 PieceTimes piece_times(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw) {
   const Rates r = rates_for(hw, l.dtype);
   const double t = l.tp, b = static_cast<double>(l.micro_batch), s = static_cast<double>(m.seq_length);
-  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn), a = static_cast<double>(m.heads);
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
   const double N = b * s, V = static_cast<double>(m.padded_vocab(l.tp));
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double rows = sp ? N / t : N;
   const double X = rows * h * r.dsize, Xf = N * h * r.dsize, F = N * f / t * r.dsize;
-  const double probs = 4 * b * (a / t) * s * s;
 
   const double gemms = gemm_seconds(N, 3 * h / t, h, r) + gemm_seconds(N, h, h / t, r) + gemm_seconds(N, f / t, h, r) +
                        gemm_seconds(N, h, f / t, r);
-  // QK^T and PV for the local heads; the fp32 probabilities are written and read back.
-  const double attention = std::max(4 * b * s * s * h / t / r.attention, (2 * probs + 4 * N * h / t * r.dsize) / r.memory);
+  // QK^T and PV for the local heads. Fused, q, k, v and the output cross memory once; materialised
+  // (LayoutSpec::materialized_attention), the fp32 probabilities [b, a/t, s, s] are written and read too.
+  const double probs = l.materialized_attention ? 4 * b * (static_cast<double>(m.heads) / t) * s * s : 0;
+  const double attention =
+      std::max(4 * b * s * s * h / t / r.attention, (2 * probs + 4 * N * h / t * r.dsize) / r.memory);
   // ln1 and ln2 (read, write), two residual adds (2 reads, 1 write), GELU (read, write).
   const double elementwise = (10 * X + 2 * F) / r.memory;
   PieceTimes p;
   const double fwd = gemms + attention + elementwise;
   p.layer_fwd = fwd;
   p.layer_bwd = 2 * fwd;
+  if (!l.materialized_attention) p.layer_bwd += attention / 2;  // fused backward recomputes QK^T: 5 products to 2
   if (l.recompute == Recompute::Full) p.layer_bwd += fwd;
-  if (l.recompute == Recompute::Selective) p.layer_bwd += attention;
+  if (l.recompute == Recompute::Selective)  // Megatron's: the attention core; this codebase's: the GELU output
+    p.layer_bwd += l.materialized_attention ? attention : 2 * F / r.memory;
   const int per_node_tp = std::min(l.tp, hw.devices_per_node);  // TP groups are consecutive ranks
   const double ring = collective_seconds(Xf, l.tp, per_node_tp, 2, hw);  // all-reduce = all-gather + reduce-scatter
   p.layer_tp_fwd = 2 * ring;
@@ -343,6 +347,7 @@ Plan make_plan(const ModelDims& m, int64_t global_batch, const HardwareSpec& hw_
               l.dtype = o.dtype;
               l.grad_dtype = o.grads_in_compute_dtype ? o.dtype : DType::F32;
               l.p2p_scatter_gather = o.p2p_scatter_gather;
+              l.materialized_attention = o.materialized_attention;
               plan.layouts.push_back(evaluate_layout(m, l, hw, o.send_buffers));
             }
         }

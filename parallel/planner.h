@@ -95,6 +95,7 @@ struct PlanOptions {
   // Megatron-LM's behaviour instead of this codebase's (LayoutSpec::grad_dtype, p2p_scatter_gather):
   bool grads_in_compute_dtype = false;  // gradient buffers and their dp reduction in the compute dtype
   bool p2p_scatter_gather = false;      // pipeline sends split over the tp ranks, all-gathered on arrival
+  bool materialized_attention = false;  // the fp32 softmax stored between forward and backward
 };
 
 struct PlanEntry {

@@ -71,6 +71,7 @@ PlanOptions paper_options(int gpus) {
   o.send_buffers = SendBuffers::FreedOnDelivery;  // Megatron's p2p waits for each transfer
   o.grads_in_compute_dtype = true;
   o.p2p_scatter_gather = true;
+  o.materialized_attention = true;  // Megatron-LM's 2021 attention kept the softmax
   return o;
 }
 

@@ -68,15 +68,16 @@ class Backend {
   // dpos[t] += sum over b of dout[b*T + t].
   virtual void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) = 0;
 
-  // ---- causal self-attention over local heads ----
-  // qkv [B*T, 3*H*D]: per token q for heads 0..H-1, then k, then v (each H*D). out [B*T, H*D].
-  // probs F32 [B, H, T, T] keeps the softmax (upper triangle zero) for the backward pass.
-  // Scores are scaled by 1/sqrt(D).
+  // ---- causal self-attention over local heads (fused: no [B, H, T, T] tensor outlives a call) ----
+  // qkv [B*T, 3*H*D]: per token q for heads 0..H-1, then k, then v (each H*D); Q, K and V are read in
+  // place by strides. out [B*T, H*D]. Scores are scaled by 1/sqrt(D); token t attends to tokens 0..t.
+  // lse F32 [B, H, T]: each query row's log-sum-exp of its scaled, masked scores (natural log), which
+  // with qkv and out is all the backward pass needs.
   virtual void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                 Tensor& probs) = 0;
-  // dqkv = gradient wrt qkv (overwritten).
-  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
-                                  int64_t H, int64_t D, Tensor& dqkv) = 0;
+                                 Tensor& lse) = 0;
+  // dqkv = gradient wrt qkv (overwritten); the softmax is recomputed from qkv and lse.
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                  int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) = 0;
 
   // ---- softmax cross-entropy over a (possibly vocab-sharded) logits[N, Vl] ----
   // The three stages let the caller all-reduce max and sums over the tensor-parallel group between them.

@@ -48,8 +48,8 @@ LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, con
   return {in == 0 ? 0 : x.numel() / in, in, out};
 }
 
-AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
-                              int64_t H, int64_t D, const char* op) {
+AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
+                              int64_t T, int64_t H, int64_t D, const char* op) {
   c.require(B > 0 && T > 0 && H > 0 && D > 0, op,
             "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
                 std::to_string(H) + ", " + std::to_string(D));
@@ -57,8 +57,10 @@ AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor
       "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
   c.require_float(qkv, op, "qkv");
   c.require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
-  c.require_dtype(probs, DType::F32, op, "probs");
-  c.require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T] for " + dims);
+  c.require_float(out, op, "out");
+  c.require_numel(out, B * T * H * D, op, "out", "[B*T, H*D] for " + dims);
+  c.require_dtype(lse, DType::F32, op, "lse");
+  c.require_numel(lse, B * H * T, op, "lse", "[B, H, T] for " + dims);
   return {B, T, H, D};
 }
 

@@ -35,7 +35,8 @@ struct LinearDims {
 };
 LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, const char* op);
 
-// attention over packed qkv [B*T, 3*H*D] with fp32 probs [B, H, T, T].
+// attention over packed qkv [B*T, 3*H*D] with fp32 log-sum-exp statistics lse [B, H, T]; out (and dout)
+// [B*T, H*D] of a float dtype.
 struct AttentionDims {
   int64_t B, T, H, D;
   int64_t qkv_ld() const { return 3 * H * D; }
@@ -43,8 +44,8 @@ struct AttentionDims {
   int64_t bh() const { return B * H; }
   int64_t head_elems() const { return B * H * T * D; }  // one of q, k, v in head layout
 };
-AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
-                              int64_t H, int64_t D, const char* op);
+AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
+                              int64_t T, int64_t H, int64_t D, const char* op);
 
 // layernorm: x's rows of width C (the rows are returned).
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op);

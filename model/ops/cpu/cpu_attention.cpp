@@ -1,17 +1,22 @@
-// Causal multi-head self-attention on the CPU, materialising the softmax in probs [B, H, T, T].
-// Q, K and V are read in place from the packed qkv rows (leading dimension 3*H*D), so no transposes are
-// copied. Work is cut into blocks of kBlock query rows: block i only needs keys 0..end(i), which skips
-// the masked upper triangle except for the diagonal blocks (about half the FLOPs at long T). The products
-// are single-threaded oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops: over (sequence, head, query
-// block) forward,
-// where blocks are independent, and over (sequence, head) backward, where dK and dV need every block's dS.
+// Causal multi-head self-attention on the CPU, flash-style: queries in blocks of kQueryRows against keys
+// in blocks of kKeyRows, an online softmax, and per-thread scratch only, so memory does not grow with
+// B*H*T^2 (the [B, H, T, T] probabilities are never formed). Q, K and V are read in place from the packed
+// qkv rows (leading dimension 3*H*D). Block products are single-threaded oneDNN matmuls (cpu_matmul.h)
+// issued from OpenMP loops; with bf16 activations they take bf16 operands (P and dS rounded to bf16 for
+// the products that consume them, as fused GPU kernels do) and accumulate in fp32.
 //
-// Backward, per (b, h) with P the softmax and S = scale * Q K^T:
-//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale dS K,  dK = scale dS^T Q.
+// Forward, per (sequence, head, query block), over key blocks j up to the diagonal:
+//   S = scale Q K_j^T;  m' = max(m, rowmax S);  P = exp(S - m');  l = l e^(m - m') + rowsum P;
+//   O = O e^(m - m') + P V_j;  finally out = O / l and lse = m + log l.
+// Backward (FlashAttention-2's order), per (sequence, head), with Dv = rowsum(dO * out) per query row,
+// over key blocks j and then the query blocks i at or below them:
+//   P = exp(scale Q_i K_j^T - lse_i);  dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - Dv_i);
+//   dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i.
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <memory>
+#include <optional>
+#include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
 #include "model/ops/cpu/cpu_dispatch.h"
@@ -26,130 +31,231 @@ using namespace cpu;
 
 namespace {
 
-constexpr int64_t kBlock = 64;
+constexpr int64_t kQueryRows = 64;
+constexpr int64_t kKeyRows = 128;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int64_t query_blocks(int64_t T) { return (T + kBlock - 1) / kBlock; }
+// A packed tensor as product operands: bf16 bits when the products run in bf16, else fp32 (a 16-bit tensor
+// of another kind, or a dtype that differs from the products', is converted whole).
+class Packed {
+ public:
+  Packed(const Tensor& t, bool bf16, const char* op, const char* arg) : type_(bf16 ? MatType::BF16 : MatType::F32) {
+    if (bf16) {
+      bf16_.emplace(t, op, arg);
+    } else {
+      f32_.emplace(t, op, arg);
+    }
+  }
+  MatType type() const { return type_; }
+  const void* at(int64_t element) const {
+    return bf16_ ? static_cast<const void*>(bf16_->get() + element) : static_cast<const void*>(f32_->get() + element);
+  }
 
-// Row-major fp32 C[M,N] = alpha * op(A) . op(B), overwriting C (one thread inside the OpenMP loops below).
-void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc) {
+ private:
+  MatType type_;
+  std::optional<Bf16Input> bf16_;
+  std::optional<F32Input> f32_;
+};
+
+// One thread's block product: C[M, N] (ldc) = alpha op(A) op(B) + beta C, A and B of type `t`, C fp32.
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, MatType t, const void* A, int64_t lda,
+             const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   MatmulShape s;
   s.trans_a = ta, s.trans_b = tb;
   s.M = M, s.N = N, s.K = K;
   s.lda = lda, s.ldb = ldb, s.ldc = ldc;
-  s.alpha = alpha;
+  s.a = s.b = t;
+  s.alpha = alpha, s.beta = beta;
   matmul(s, A, B, C);
 }
 
-// Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
-GPT_CPU_KERNEL void causal_softmax_row(float* row, int64_t i, int64_t T) {
-  float mx = -std::numeric_limits<float>::infinity();
+// Number of this block's columns that row i (global) may attend to: keys j0.. up to i, at most nc.
+int64_t causal_columns(int64_t i, int64_t j0, int64_t nc) { return std::clamp<int64_t>(i - j0 + 1, 0, nc); }
+
+// Online softmax step for one score row of nc columns, `valid` of them unmasked: the row becomes
+// P = exp(S - m') (zero past `valid`), m and l are updated, and the factor e^(m - m') that rescales the
+// row's running output is returned.
+GPT_CPU_KERNEL float online_softmax_row(float* s, int64_t valid, int64_t nc, float* m, float* l) {
+  float mx = kNegInf;
 #pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+  for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, s[c]);
+  const float m_new = std::max(*m, mx);
   float sum = 0.f;
+  if (m_new == kNegInf) {  // nothing unmasked yet: keep the row empty
+    for (int64_t c = 0; c < nc; ++c) s[c] = 0.f;
+    return 1.f;
+  }
 #pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j <= i; ++j) {
-    const float e = fast_exp(row[j] - mx);
-    row[j] = e;
+  for (int64_t c = 0; c < valid; ++c) {
+    const float e = fast_exp(s[c] - m_new);
+    s[c] = e;
     sum += e;
   }
-  const float inv = 1.f / sum;
-#pragma omp simd
-  for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-  for (int64_t j = i + 1; j < T; ++j) row[j] = 0.f;
+  for (int64_t c = valid; c < nc; ++c) s[c] = 0.f;
+  const float alpha = fast_exp(*m - m_new);
+  *l = *l * alpha + sum;
+  *m = m_new;
+  return alpha;
 }
 
-// Row i of dP (in place) becomes scale * dS = scale * P * (dP - rowsum(P * dP)) over its causal columns
-// 0..i; the masked rest of the diagonal block (up to i1) becomes zero.
-GPT_CPU_KERNEL void softmax_backward_row(const float* pr, float* sr, int64_t i, int64_t i1, float scale) {
-  float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-  for (int64_t j = 0; j <= i; ++j) dot += pr[j] * sr[j];
+// One score row back to probabilities from the row's log-sum-exp: P = exp(S - lse), zero past `valid`.
+GPT_CPU_KERNEL void probabilities_row(float* s, int64_t valid, int64_t nc, float lse) {
 #pragma omp simd
-  for (int64_t j = 0; j <= i; ++j) sr[j] = scale * pr[j] * (sr[j] - dot);
-  for (int64_t j = i + 1; j < i1; ++j) sr[j] = 0.f;
+  for (int64_t c = 0; c < valid; ++c) s[c] = fast_exp(s[c] - lse);
+  for (int64_t c = valid; c < nc; ++c) s[c] = 0.f;
 }
+
+// dS = P * (dP - dv) over one row (in place on dP); masked columns have P = 0 and get 0.
+GPT_CPU_KERNEL void softmax_backward_row(const float* p, float* dp, int64_t nc, float dv) {
+#pragma omp simd
+  for (int64_t c = 0; c < nc; ++c) dp[c] = p[c] * (dp[c] - dv);
+}
+
+GPT_CPU_KERNEL void scale_row(float* r, int64_t n, float alpha) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) r[c] *= alpha;
+}
+
+GPT_CPU_KERNEL float dot_row(const float* a, const float* b, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < n; ++c) sum += a[c] * b[c];
+  return sum;
+}
+
+// A block of fp32 probabilities (or dS) as an operand of the products that take it: itself in fp32, or
+// rounded into `bits` in bf16.
+const void* as_operand(const float* block, int64_t n, MatType t, std::vector<uint16_t>& bits) {
+  if (t == MatType::F32) return block;
+  from_f32(block, bits.data(), DType::BF16, n);
+  return bits.data();
+}
+
+// Copies an fp32 [rows, D] block (ld D) into rows of a packed float tensor (leading dimension ld, first
+// element `first`), each row multiplied by scale[r] when given, rounded once to the tensor's dtype.
+void store_rows(const float* block, int64_t rows, int64_t D, const float* scale, Tensor& t, int64_t first,
+                int64_t ld, Windows& w) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = w.out(0, t, first + r * ld, D);
+    const float* src = block + r * D;
+    const float a = scale ? scale[r] : 1.f;
+    for (int64_t c = 0; c < D; ++c) dst[c] = src[c] * a;
+    w.store(0, t, first + r * ld, D);
+  }
+}
+
+// The products run in bf16 when the activations are bf16.
+bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16; }
 
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                   Tensor& probs) {
+                                   Tensor& lse) {
   const char* op = "attention_forward";
-  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
-  require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
-  F32Input qf(qkv, op, "qkv");
-  F32Output of(out, false, op, "out");
-  const float* base = qf.get();
-  float* outp = of.get();
-  float* pp = probs.f32();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = query_blocks(T);
+  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
+  const Packed x(qkv, bf16_products(qkv), op, "qkv");
+  const MatType t = x.type();
+  float* lsep = lse.f32();
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
+  const int64_t nblk = (T + kQueryRows - 1) / kQueryRows;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
-  // One task per (sequence, head, query block); blocks further down the sequence cost more, so hand them
-  // out dynamically.
+  // One task per (sequence, head, query block); later blocks see more keys and cost more, so they are
+  // handed out dynamically.
   const bool threaded = B * H * T * T * D > (1 << 16);  // tiny problems are not worth waking threads for
-#pragma omp parallel for schedule(dynamic, 1) if (threaded)
-  for (int64_t task = 0; task < B * H * nblk; ++task) {
-    const int64_t bh = task / nblk, blk = task % nblk;
-    const int64_t b = bh / H, h = bh % H;
-    const float* q = base + b * T * ld + h * D;
-    const float* k = q + H * D;
-    const float* v = k + H * D;
-    float* o = outp + b * T * ldo + h * D;
-    float* p = pp + bh * T * T;
-    const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-    // Scores for query rows i0..i1 against keys 0..i1 (later keys are all masked).
-    product(false, true, m, i1, D, scale, q + i0 * ld, ld, k, ld, p + i0 * T, T);
-    for (int64_t i = i0; i < i1; ++i) causal_softmax_row(p + i * T, i, T);
-    product(false, false, m, D, i1, 1.f, p + i0 * T, T, v, ld, o + i0 * ldo, ldo);
+#pragma omp parallel if (threaded)
+  {
+    std::vector<float> s(kQueryRows * kKeyRows), o(kQueryRows * D), m(kQueryRows), l(kQueryRows);
+    std::vector<uint16_t> p16(t == MatType::BF16 ? kQueryRows * kKeyRows : 0);
+    Windows w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * H * nblk; ++task) {
+      const int64_t bh = task / nblk, blk = task % nblk;
+      const int64_t b = bh / H, h = bh % H;
+      const int64_t q = b * T * ld + h * D, k = q + H * D, v = k + H * D;  // element offsets of row 0
+      const int64_t i0 = blk * kQueryRows, nr = std::min(T, i0 + kQueryRows) - i0;
+      std::fill(o.begin(), o.end(), 0.f);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.f);
+      for (int64_t j0 = 0; j0 < i0 + nr; j0 += kKeyRows) {
+        const int64_t nc = std::min(kKeyRows, i0 + nr - j0);  // keys past the block's last query are masked
+        product(false, true, nr, nc, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nc);
+        for (int64_t r = 0; r < nr; ++r) {
+          const float alpha =
+              online_softmax_row(s.data() + r * nc, causal_columns(i0 + r, j0, nc), nc, &m[r], &l[r]);
+          if (alpha != 1.f) scale_row(o.data() + r * D, D, alpha);
+        }
+        product(false, false, nr, D, nc, 1.f, t, as_operand(s.data(), nr * nc, t, p16), nc, x.at(v + j0 * ld), ld,
+                1.f, o.data(), D);
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        lsep[bh * T + i0 + r] = m[r] + std::log(l[r]);
+        l[r] = 1.f / l[r];
+      }
+      store_rows(o.data(), nr, D, l.data(), out, (b * T + i0) * ldo + h * D, ldo, w);
+    }
   }
-  of.commit();
 }
 
-void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
-                                    int64_t H, int64_t D, Tensor& dqkv) {
+void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                    int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
+  require_float(dout, op, "dout");
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
+  require_float(dqkv, op, "dqkv");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
-  F32Input qf(qkv, op, "qkv"), df(dout, op, "dout");
-  F32Output gf(dqkv, false, op, "dqkv");
-  const float *base = qf.get(), *dbase = df.get(), *pp = probs.f32();
-  float* gbase = gf.get();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), nblk = query_blocks(T);
+  const bool bf16 = bf16_products(qkv);
+  const Packed x(qkv, bf16, op, "qkv"), dO(dout, bf16, op, "dout");
+  const MatType t = x.type();
+  const float* lsep = lse.f32();
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
 #pragma omp parallel if (B * H * T * T * D > (1 << 16))
   {
-    // dP, turned into scale * dS in place; only the lower-triangle blocks are ever written or read.
-    std::unique_ptr<float[]> ds(new float[T * T]);
+    std::vector<float> s(kQueryRows * kKeyRows), dp(kQueryRows * kKeyRows);
+    std::vector<float> dk(kKeyRows * D), dv(kKeyRows * D), dq(T * D), rowdot(T);
+    std::vector<uint16_t> p16(bf16 ? kQueryRows * kKeyRows : 0), ds16(p16.size());
+    Windows w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float* q = base + b * T * ld + h * D;
-      const float* k = q + H * D;
-      const float* v = k + H * D;
-      const float* dO = dbase + b * T * ldo + h * D;
-      float* dq = gbase + b * T * ld + h * D;
-      float* dk = dq + H * D;
-      float* dv = dk + H * D;
-      const float* p = pp + bh * T * T;
-      float* s = ds.get();
-      for (int64_t blk = 0; blk < nblk; ++blk) {
-        const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-        product(false, true, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, s + i0 * T, T);
-        for (int64_t i = i0; i < i1; ++i) softmax_backward_row(p + i * T, s + i * T, i, i1, scale);
-        product(false, false, m, D, i1, 1.f, s + i0 * T, T, k, ld, dq + i0 * ld, ld);
+      const int64_t q = b * T * ld + h * D, k = q + H * D, v = k + H * D;  // element offsets of row 0
+      const int64_t o = b * T * ldo + h * D;                                // in out and dout
+      const float* lrow = lsep + bh * T;
+      for (int64_t i = 0; i < T; ++i) {
+        const float* orow = w.in(1, out, o + i * ldo, D);
+        rowdot[i] = dot_row(orow, w.in(2, dout, o + i * ldo, D), D);
       }
-      // Key block j0..j1 is attended to by query rows j0..T only.
-      for (int64_t blk = 0; blk < nblk; ++blk) {
-        const int64_t j0 = blk * kBlock, j1 = std::min(T, j0 + kBlock), w = j1 - j0, rows = T - j0;
-        product(true, false, w, D, rows, 1.f, s + j0 * T + j0, T, q + j0 * ld, ld, dk + j0 * ld, ld);
-        product(true, false, w, D, rows, 1.f, p + j0 * T + j0, T, dO + j0 * ldo, ldo, dv + j0 * ld, ld);
+      std::fill(dq.begin(), dq.end(), 0.f);
+      for (int64_t j0 = 0; j0 < T; j0 += kKeyRows) {
+        const int64_t nc = std::min(kKeyRows, T - j0);
+        std::fill(dk.begin(), dk.end(), 0.f);
+        std::fill(dv.begin(), dv.end(), 0.f);
+        // Query blocks that reach key j0 or later: the block holding row j0, then every block below it.
+        for (int64_t i0 = j0 / kQueryRows * kQueryRows; i0 < T; i0 += kQueryRows) {
+          const int64_t nr = std::min(kQueryRows, T - i0);
+          product(false, true, nr, nc, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
+                  nc);
+          for (int64_t r = 0; r < nr; ++r)
+            probabilities_row(s.data() + r * nc, causal_columns(i0 + r, j0, nc), nc, lrow[i0 + r]);
+          const void* p = as_operand(s.data(), nr * nc, t, p16);
+          product(true, false, nc, D, nr, 1.f, t, p, nc, dO.at(o + i0 * ldo), ldo, 1.f, dv.data(), D);
+          product(false, true, nr, nc, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f, dp.data(),
+                  nc);
+          for (int64_t r = 0; r < nr; ++r)
+            softmax_backward_row(s.data() + r * nc, dp.data() + r * nc, nc, rowdot[i0 + r]);
+          const void* ds = as_operand(dp.data(), nr * nc, t, ds16);
+          product(false, false, nr, D, nc, scale, t, ds, nc, x.at(k + j0 * ld), ld, 1.f, dq.data() + i0 * D, D);
+          product(true, false, nc, D, nr, scale, t, ds, nc, x.at(q + i0 * ld), ld, 1.f, dk.data(), D);
+        }
+        store_rows(dk.data(), nc, D, nullptr, dqkv, k + j0 * ld, ld, w);
+        store_rows(dv.data(), nc, D, nullptr, dqkv, v + j0 * ld, ld, w);
       }
+      store_rows(dq.data(), T, D, nullptr, dqkv, q, ld, w);
     }
   }
-  gf.commit();
 }
 
 }  // namespace gpt

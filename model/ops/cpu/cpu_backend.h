@@ -49,9 +49,9 @@ class CpuBackend final : public Backend {
   void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) override;
 
   void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                         Tensor& probs) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
-                          int64_t H, int64_t D, Tensor& dqkv) override;
+                         Tensor& lse) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
+                          int64_t T, int64_t H, int64_t D, Tensor& dqkv) override;
 
   void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
   void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,

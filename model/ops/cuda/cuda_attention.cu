@@ -1,14 +1,15 @@
-// Causal multi-head self-attention on the GPU: batched cuBLAS products over the B*H (sequence, head)
-// pairs plus fused masked-softmax kernels, keeping the softmax in probs [B, H, T, T] (fp32) for the
-// backward pass as the interface requires. The packed qkv rows [B, T, 3, H, D] are first split into
-// per-head matrices [3, B, H, T, D] so each product is one strided-batched call, and the result is merged
-// back into rows [B, T, H, D].
-//   forward:  S = Q K^T / sqrt(D) (fp32), P = causal_softmax(S), O = P V;
-//   backward: dV = P^T dO, dP = dO V^T (fp32), dS = P * (dP - rowsum(P * dP)) / sqrt(D),
-//             dQ = dS K, dK = dS^T Q.
+// Causal multi-head self-attention on the GPU, unfused: strided-batched cuBLAS products over the heads of
+// one sequence at a time plus warp-per-row softmax kernels, on the fused contract (backend.h): Q, K and V
+// are read in place from the packed qkv rows by strides (leading dimension 3*H*D, heads D apart), the
+// output is written in place into its rows, and forward keeps only the per-row log-sum-exp; backward
+// recomputes the probabilities from it. The [H, T, T] score buffers are per-call scratch from the caching
+// allocator, one sequence at a time, and never outlive the call.
+//   forward:  S = Q K^T / sqrt(D) (fp32), P = causal_softmax(S), lse = log rowsum exp(S), O = P V;
+//   backward: P = exp(S - lse), Dv = rowsum(dO * O), dV = P^T dO, dP = dO V^T (fp32),
+//             dS = P * (dP - Dv) / sqrt(D), dQ = dS K, dK = dS^T Q.
 // With 16-bit activations the products run on the tensor cores: P and dS are rounded to the activation
-// dtype for the products that consume them (as fused attention kernels do), while S, P (the saved copy)
-// and dP stay fp32. The full T x T products include the masked upper triangle, whose P and dS are zero.
+// dtype for the products that consume them, while S, dP and the statistics stay fp32. The full T x T
+// products include the masked upper triangle, whose P and dS are zero.
 #include <cmath>
 
 #include "model/ops/cuda/cuda_backend.h"
@@ -25,32 +26,10 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // softmax kernels: one warp per score row
 
-// Moves between the row layout [B, T, P, H, D] and the head layout [P, B, H, T, D] (P = 3 for q|k|v,
-// 1 for the output), converting dtypes on the way. One thread per element of the head layout.
-__global__ void permute_heads_kernel(const void* src, DType sd, void* dst, DType dd, int64_t P, int64_t B, int64_t T,
-                                     int64_t H, int64_t D, bool to_heads) {
-  const int64_t n = P * B * H * T * D;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t r = i;
-    const int64_t d = r % D;
-    r /= D;
-    const int64_t t = r % T;
-    r /= T;
-    const int64_t h = r % H;
-    r /= H;
-    const int64_t b = r % B;
-    const int64_t p = r / B;
-    const int64_t row_index = (((b * T + t) * P + p) * H + h) * D + d;
-    if (to_heads)
-      store_from_f32(dst, dd, i, load_as_f32(src, sd, row_index));
-    else
-      store_from_f32(dst, dd, row_index, load_as_f32(src, sd, i));
-  }
-}
-
-// In place on s [rows = B*H*T, T] holding scaled scores: row q (q = row % T) becomes
-// softmax(s[0..q]) followed by zeros. Also writes the result rounded to `pd` into p when p is non-null.
-__global__ void causal_softmax_kernel(float* s, void* p, DType pd, int64_t rows, int64_t T) {
+// In place on s [rows = H*T, T] holding one sequence's scaled scores: row r (query q = r % T) becomes
+// softmax(s[0..q]) followed by zeros; lse[r] gets the row's log-sum-exp. Also writes the probabilities
+// rounded to `pd` into p when p is non-null.
+__global__ void causal_softmax_kernel(float* s, void* p, DType pd, float* lse, int64_t rows, int64_t T) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // whole warp
@@ -76,6 +55,7 @@ __global__ void causal_softmax_kernel(float* s, void* p, DType pd, int64_t rows,
     m = mx;
   }
   const float inv = 1.f / sum;
+  if (lane == 0) lse[row] = m + logf(sum);
   for (int64_t j = lane; j < T; j += 32) {
     const float v = j <= q ? expf(r[j] - m) * inv : 0.f;
     r[j] = v;
@@ -83,144 +63,170 @@ __global__ void causal_softmax_kernel(float* s, void* p, DType pd, int64_t rows,
   }
 }
 
-// ds[row, j] = scale * p * (dp - sum_j' p dp) for j <= q, 0 above (q = row % T); p and dp fp32
-// [rows, T], ds of dtype dsd (may alias dp when fp32: each element is read before it is written, by the
-// same thread).
-__global__ void softmax_backward_kernel(const float* p, const float* dp, void* ds, DType dsd, int64_t rows, int64_t T,
-                                        float scale) {
+// In place on s [rows = H*T, T] holding scaled scores: P = exp(S - lse[r]) on the causal columns, zero
+// above; also rounded to `pd` into p when p is non-null.
+__global__ void probabilities_kernel(float* s, void* p, DType pd, const float* lse, int64_t rows, int64_t T) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int64_t q = row % T;
-  const float* pr = p + row * T;
-  const float* dr = dp + row * T;
-  float dot = 0.f;
-  for (int64_t j = lane; j <= q; j += 32) dot += pr[j] * dr[j];
-  dot = warp_sum(dot);
+  const float l = lse[row];
+  float* r = s + row * T;
   for (int64_t j = lane; j < T; j += 32) {
-    const float v = j <= q ? scale * pr[j] * (dr[j] - dot) : 0.f;
-    store_from_f32(ds, dsd, row * T + j, v);
+    const float v = j <= q ? expf(r[j] - l) : 0.f;
+    r[j] = v;
+    if (p) store_from_f32(p, pd, row * T + j, v);
   }
 }
 
-void permute(const void* src, DType sd, void* dst, DType dd, int64_t P, const ops::AttentionDims& s, bool to_heads,
-             cudaStream_t stream, const char* op) {
-  const int64_t n = P * s.head_elems();
-  permute_heads_kernel<<<grid_for(n, 256), 256, 0, stream>>>(src, sd, dst, dd, P, s.B, s.T, s.H, s.D, to_heads);
-  check_launch(op);
+// ds[row, j] = scale * p * (dp - dv[row]) ([rows, T], p and dp fp32); ds of dtype dsd may alias dp when
+// fp32 (each element is read before it is written, by the same thread).
+__global__ void softmax_backward_kernel(const float* p, const float* dp, void* ds, DType dsd, const float* dv,
+                                        int64_t rows, int64_t T, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const float* pr = p + row * T;
+  const float* dr = dp + row * T;
+  const float d = dv[row];
+  for (int64_t j = lane; j < T; j += 32) store_from_f32(ds, dsd, row * T + j, scale * pr[j] * (dr[j] - d));
 }
 
-unsigned softmax_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+// dv[(b*H + h)*T + t] = sum_d out[b, t, h, d] * dout[b, t, h, d] (rows of H*D elements, heads D apart).
+__global__ void row_dot_kernel(const void* out, DType od, const void* dout, DType dd, float* dv, int64_t B,
+                               int64_t T, int64_t H, int64_t D) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);  // (b, h, t)
+  if (row >= B * H * T) return;
+  const int64_t t = row % T, bh = row / T, h = bh % H, b = bh / H;
+  const int64_t first = ((b * T + t) * H + h) * D;
+  float sum = 0.f;
+  for (int64_t d = lane; d < D; d += 32) sum += load_as_f32(out, od, first + d) * load_as_f32(dout, dd, first + d);
+  sum = warp_sum(sum);
+  if (lane == 0) dv[row] = sum;
+}
+
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+// Byte address of element `e` of a tensor's storage.
+const char* at(const Tensor& t, int64_t e) { return static_cast<const char*>(t.raw()) + e * dtype_size(t.dtype()); }
+char* at(Tensor& t, int64_t e) { return static_cast<char*>(t.raw()) + e * dtype_size(t.dtype()); }
 
 }  // namespace
 
 void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                    Tensor& probs) {
+                                    Tensor& lse) {
   const char* op = "attention_forward";
-  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
-  require_float(out, op, "out");
-  require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
+  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
   const DType X = qkv.dtype();
-  const size_t es = dtype_size(X);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T;
+  // One sequence's heads as a strided batch: head h's matrix starts h * D elements after the sequence's
+  // first row, with the packed tensor's leading dimension.
+  const auto heads = [&] {
+    GemmArgs g;
+    g.batch = H;
+    return g;
+  };
 
-  Tensor heads = empty({3, s.bh(), T, D}, X);
-  permute(qkv.raw(), X, heads.raw(), X, 3, s, true, stream_, op);
-  const char* q = static_cast<const char*>(heads.raw());
-  const char* k = q + s.head_elems() * es;
-  const char* v = k + s.head_elems() * es;
+  Tensor scores = empty({H, T, T});  // one sequence at a time
+  Tensor p16;                        // P rounded to the activation dtype for the P V product
+  if (X != DType::F32) p16 = empty({H, T, T}, X);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q = b * T * ld, k = q + H * D, v = k + H * D;
+    GemmArgs g = heads();  // S = scale * Q K^T, fp32
+    g.m = T, g.n = T, g.k = D;
+    g.a = at(qkv, q), g.lda = ld, g.stride_a = D;
+    g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
+    g.c = scores.raw(), g.ldc = T, g.stride_c = T * T, g.c_dtype = DType::F32;
+    g.ab = X, g.alpha = scale;
+    gemm(g, op);
 
-  GemmArgs g;  // S = scale * Q K^T, fp32 into probs
-  g.m = T, g.n = T, g.k = D;
-  g.a = q, g.lda = D, g.stride_a = T * D;
-  g.b = k, g.ldb = D, g.stride_b = T * D, g.trans_b = true;
-  g.c = probs.raw(), g.ldc = T, g.stride_c = T * T, g.c_dtype = DType::F32;
-  g.ab = X, g.alpha = scale, g.batch = s.bh();
-  gemm(g, op);
+    causal_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
+        scores.f32(), p16.defined() ? p16.raw() : nullptr, X, lse.f32() + b * rows, rows, T);
+    check_launch(op);
 
-  Tensor p16;  // P rounded to the activation dtype for the P V product
-  if (X != DType::F32) p16 = empty({s.bh(), T, T}, X);
-  const int64_t rows = s.bh() * T;
-  causal_softmax_kernel<<<softmax_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
-      probs.f32(), p16.defined() ? p16.raw() : nullptr, X, rows, T);
-  check_launch(op);
-
-  Tensor o = empty({s.bh(), T, D}, X);
-  GemmArgs pv;  // O = P V
-  pv.m = T, pv.n = D, pv.k = T;
-  pv.a = p16.defined() ? p16.raw() : probs.raw(), pv.lda = T, pv.stride_a = T * T;
-  pv.b = v, pv.ldb = D, pv.stride_b = T * D;
-  pv.c = o.raw(), pv.ldc = D, pv.stride_c = T * D, pv.c_dtype = X;
-  pv.ab = X, pv.batch = s.bh();
-  gemm(pv, op);
-  permute(o.raw(), X, out.raw(), out.dtype(), 1, s, false, stream_, op);
+    GemmArgs pv = heads();  // O = P V, into out's rows
+    pv.m = T, pv.n = D, pv.k = T;
+    pv.a = p16.defined() ? p16.raw() : scores.raw(), pv.lda = T, pv.stride_a = T * T;
+    pv.b = at(qkv, v), pv.ldb = ld, pv.stride_b = D;
+    pv.c = at(out, b * T * ldo), pv.ldc = ldo, pv.stride_c = D, pv.c_dtype = out.dtype();
+    pv.ab = X;
+    gemm(pv, op);
+  }
 }
 
-void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T,
-                                     int64_t H, int64_t D, Tensor& dqkv) {
+void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                     int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
   require_float(dout, op, "dout");
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_float(dqkv, op, "dqkv");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   const DType X = qkv.dtype();
-  const size_t es = dtype_size(X);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const int64_t bh = s.bh(), TT = T * T, TD = T * D;
+  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T, TT = T * T;
+  const auto heads = [&] {  // as in forward
+    GemmArgs g;
+    g.batch = H;
+    return g;
+  };
 
-  Tensor heads = empty({3, bh, T, D}, X);
-  permute(qkv.raw(), X, heads.raw(), X, 3, s, true, stream_, op);
-  const char* q = static_cast<const char*>(heads.raw());
-  const char* k = q + s.head_elems() * es;
-  const char* v = k + s.head_elems() * es;
-  Tensor dO = empty({bh, T, D}, X);
-  permute(dout.raw(), dout.dtype(), dO.raw(), X, 1, s, true, stream_, op);
-  // P in the activation dtype; for 16-bit activations this buffer later receives dS.
-  Tensor p16 = X == DType::F32 ? probs : as_dtype(probs, X);
-
-  Tensor dheads = empty({3, bh, T, D}, X);
-  char* dq = static_cast<char*>(dheads.raw());
-  char* dk = dq + s.head_elems() * es;
-  char* dv = dk + s.head_elems() * es;
-
-  GemmArgs g;  // dV = P^T dO
-  g.m = T, g.n = D, g.k = T;
-  g.a = p16.raw(), g.lda = T, g.stride_a = TT, g.trans_a = true;
-  g.b = dO.raw(), g.ldb = D, g.stride_b = TD;
-  g.c = dv, g.ldc = D, g.stride_c = TD, g.c_dtype = X;
-  g.ab = X, g.batch = bh;
-  gemm(g, op);
-
-  Tensor dP = empty({bh, T, T}, DType::F32);
-  g = GemmArgs();  // dP = dO V^T, fp32
-  g.m = T, g.n = T, g.k = D;
-  g.a = dO.raw(), g.lda = D, g.stride_a = TD;
-  g.b = v, g.ldb = D, g.stride_b = TD, g.trans_b = true;
-  g.c = dP.raw(), g.ldc = T, g.stride_c = TT, g.c_dtype = DType::F32;
-  g.ab = X, g.batch = bh;
-  gemm(g, op);
-
-  Tensor dS = X == DType::F32 ? dP : p16;
-  const int64_t rows = bh * T;
-  softmax_backward_kernel<<<softmax_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(probs.f32(), dP.f32(), dS.raw(), X,
-                                                                                    rows, T, scale);
+  Tensor dv_rows = empty({B, H, T});  // Dv = rowsum(dO * O)
+  row_dot_kernel<<<row_blocks(B * rows), 32 * kRowsPerBlock, 0, stream_>>>(out.raw(), out.dtype(), dout.raw(),
+                                                                            dout.dtype(), dv_rows.f32(), B, T, H, D);
   check_launch(op);
+  const Tensor dO = as_dtype(dout, X);  // the products read dO in the activation dtype
+  Tensor p = empty({H, T, T}), dP = empty({H, T, T});
+  Tensor p16 = X == DType::F32 ? p : empty({H, T, T}, X);  // P, then dS, in the activation dtype
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q = b * T * ld, k = q + H * D, v = k + H * D, o = b * T * ldo;
+    GemmArgs g = heads();  // S = scale * Q K^T, fp32, then P
+    g.m = T, g.n = T, g.k = D;
+    g.a = at(qkv, q), g.lda = ld, g.stride_a = D;
+    g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
+    g.c = p.raw(), g.ldc = T, g.stride_c = TT, g.c_dtype = DType::F32;
+    g.ab = X, g.alpha = scale;
+    gemm(g, op);
+    probabilities_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
+        p.f32(), X == DType::F32 ? nullptr : p16.raw(), X, lse.f32() + b * rows, rows, T);
+    check_launch(op);
 
-  g = GemmArgs();  // dQ = dS K
-  g.m = T, g.n = D, g.k = T;
-  g.a = dS.raw(), g.lda = T, g.stride_a = TT;
-  g.b = k, g.ldb = D, g.stride_b = TD;
-  g.c = dq, g.ldc = D, g.stride_c = TD, g.c_dtype = X;
-  g.ab = X, g.batch = bh;
-  gemm(g, op);
+    g = heads();  // dV = P^T dO
+    g.m = T, g.n = D, g.k = T;
+    g.a = p16.raw(), g.lda = T, g.stride_a = TT, g.trans_a = true;
+    g.b = at(dO, o), g.ldb = ldo, g.stride_b = D;
+    g.c = at(dqkv, v), g.ldc = ld, g.stride_c = D, g.c_dtype = dqkv.dtype();
+    g.ab = X;
+    gemm(g, op);
 
-  g.a = dS.raw(), g.trans_a = true;  // dK = dS^T Q
-  g.b = q;
-  g.c = dk;
-  gemm(g, op);
+    g = heads();  // dP = dO V^T, fp32
+    g.m = T, g.n = T, g.k = D;
+    g.a = at(dO, o), g.lda = ldo, g.stride_a = D;
+    g.b = at(qkv, v), g.ldb = ld, g.stride_b = D, g.trans_b = true;
+    g.c = dP.raw(), g.ldc = T, g.stride_c = TT, g.c_dtype = DType::F32;
+    g.ab = X;
+    gemm(g, op);
 
-  permute(dheads.raw(), X, dqkv.raw(), dqkv.dtype(), 3, s, false, stream_, op);
+    Tensor dS = X == DType::F32 ? dP : p16;
+    softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
+        p.f32(), dP.f32(), dS.raw(), X, dv_rows.f32() + b * rows, rows, T, scale);
+    check_launch(op);
+
+    g = heads();  // dQ = dS K
+    g.m = T, g.n = D, g.k = T;
+    g.a = dS.raw(), g.lda = T, g.stride_a = TT;
+    g.b = at(qkv, k), g.ldb = ld, g.stride_b = D;
+    g.c = at(dqkv, q), g.ldc = ld, g.stride_c = D, g.c_dtype = dqkv.dtype();
+    g.ab = X;
+    gemm(g, op);
+
+    g.trans_a = true;  // dK = dS^T Q
+    g.b = at(qkv, q);
+    g.c = at(dqkv, k);
+    gemm(g, op);
+  }
 }
 
 }  // namespace gpt
