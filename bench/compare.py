@@ -415,8 +415,28 @@ def print_table_head(head):
     print("|" + "---|" * (head.count("|") - 1))
 
 
+def cpu_description():
+    """The CPU model, family/model numbers and the vector extensions that matter here, from /proc/cpuinfo."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
+    except OSError:
+        return "unknown CPU"
+    flags = set(info.get("flags", "").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')}, model "
+            f"{info.get('model', '?')}; {', '.join(isa) or 'no AVX2'}; {os.cpu_count()} logical CPUs)")
+
+
 def print_throughput(rows, peaks, threads):
     malloc = next((r.get("malloc") for r in rows if r["impl"] == "pytorch"), None)
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    print(f"\nCPU: {cpu_description()}" + (f"; ONEDNN_MAX_CPU_ISA={cap} for every process" if cap else ""))
     print(f"\nThroughput, {threads} threads per process (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {threads}, "
           f"OMP_WAIT_POLICY=PASSIVE for both; PyTorch's malloc: {malloc})")
     ob = peaks.get("gpt_train", {})
@@ -601,7 +621,8 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
-    results = {"threads": args.threads, "openblas_coretype": args.openblas_coretype or None,
+    results = {"threads": args.threads, "openblas_coretype": args.openblas_coretype or None, "cpu": cpu_description(),
+               "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "throughput": [], "layouts": [], "recompute": [],
                "attention": []}
     out_json = os.path.join(args.work_dir, "results.json")

@@ -106,6 +106,13 @@ __global__ void row_dot_kernel(const void* out, DType od, const void* dout, DTyp
   if (lane == 0) dv[row] = sum;
 }
 
+// The products write out and dqkv in place with strided batches, which cuBLAS can do in the activation
+// dtype or in fp32 only.
+void require_product_output(const Tensor& t, DType X, const char* op, const char* arg) {
+  kChecks.require(t.dtype() == X || t.dtype() == DType::F32, op,
+                  std::string(arg) + " " + ops::describe(t) + " must have qkv's dtype (" + dtype_name(X) + ") or F32");
+}
+
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 // Byte address of element `e` of a tensor's storage.
@@ -119,6 +126,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
   const char* op = "attention_forward";
   const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
   const DType X = qkv.dtype();
+  require_product_output(out, X, op, "out");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T;
   // One sequence's heads as a strided batch: head h's matrix starts h * D elements after the sequence's
@@ -165,6 +173,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   require_float(dqkv, op, "dqkv");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   const DType X = qkv.dtype();
+  require_product_output(dqkv, X, op, "dqkv");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T, TT = T * T;
   const auto heads = [&] {  // as in forward
