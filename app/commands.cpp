@@ -125,7 +125,7 @@ double host_memory_bytes() {
 // through a step: refuse it before anything is allocated, with the numbers, instead of failing in an
 // allocation minutes later. `eval` keeps no activations for a backward pass: there the activations
 // counted are only the largest single tensor of a forward pass (the fp32 logits of a microbatch, or its
-// attention probabilities). Collective: every rank reaches the same verdict (the largest host share and
+// widest MLP activation). Collective: every rank reaches the same verdict (the largest host share and
 // the smallest host).
 void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, int ranks_on_host,
                                    bool training) {

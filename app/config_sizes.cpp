@@ -145,12 +145,12 @@ void check_derived_sizes(const Config& c) {
             {params, K::constant(20)});
 
   // Activations: per sample and layer, the [T, 16 h + 4 ffn] tensors a block keeps or makes and its
-  // attention probabilities [heads, T, T]; the LM head's [T, padded vocab] logits; 4 bytes each.
+  // attention statistics [heads, T]; the LM head's [T, padded vocab] logits; 4 bytes each.
   const char* act = "a bound on a step's activation bytes (4 x global_batch_size x (num_layers x (seq_length x "
-                    "(16 hidden + 4 ffn) + num_heads x seq_length^2) + seq_length x padded vocabulary))";
+                    "(16 hidden + 4 ffn) + num_heads x seq_length) + seq_length x padded vocabulary))";
   const Size per_token = s.sum(act, {s.product(act, {K::constant(16), h}), s.product(act, {K::constant(4), ffn})});
   const Size per_sample_layer = s.sum(
-      act, {s.product(act, {seq, per_token}), s.product(act, {K::key("model.num_heads", m.num_heads), seq, seq})});
+      act, {s.product(act, {seq, per_token}), s.product(act, {K::key("model.num_heads", m.num_heads), seq})});
   const Size per_sample =
       s.sum(act, {s.product(act, {layers, per_sample_layer}), s.product(act, {seq, padded})});
   s.product(act, {K::constant(4), global, per_sample});

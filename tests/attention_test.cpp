@@ -21,7 +21,7 @@ struct Dims {
   int64_t B, T, H, D;
 };
 
-// T = 1; T around the 64-row query blocks and the 128-row key blocks; head dims 16..128.
+// T = 1; T on either side of the kernel's block sizes (128 query rows, 256 keys); head dims 16..128.
 const Dims kShapes[] = {{1, 1, 1, 16},  {2, 1, 3, 32},   {1, 63, 2, 16},  {2, 65, 3, 24},
                         {1, 129, 2, 64}, {1, 200, 4, 128}, {3, 70, 5, 40}, {1, 257, 2, 96}};
 

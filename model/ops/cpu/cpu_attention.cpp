@@ -31,8 +31,8 @@ using namespace cpu;
 
 namespace {
 
-constexpr int64_t kQueryRows = 64;
-constexpr int64_t kKeyRows = 128;
+constexpr int64_t kQueryRows = 128;
+constexpr int64_t kKeyRows = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // A packed tensor as product operands: bf16 bits when the products run in bf16, else fp32 (a 16-bit tensor
