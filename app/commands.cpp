@@ -298,6 +298,9 @@ int run_distributed_command(const ParsedArgs& args) {
   if (rank == 0) {
     spdlog::info("gpt-train {} on {} rank(s), backend {}, launcher {}, {} thread(s) per rank", args.command, world,
                  backend->name(), launcher_name(launch.env.launcher), threads);
+    if (const std::string d = backend->details(); !d.empty()) spdlog::info("backend: {}", d);
+    if (const std::string w = backend->dtype_warning(dtype_from_name(cfg.precision.dtype)); !w.empty())
+      spdlog::warn("precision.dtype={}: {}", cfg.precision.dtype, w);
     spdlog::info("effective config (from {}):\n{}", cfg.source, dump_config(cfg));
     spdlog::info("layout:\n{}", describe_layout(layout, launch.hosts));
     log_layout_checks(cfg, layout, launch.env.local_size);  // predicted memory; planner comparison

@@ -1,9 +1,12 @@
-// spdlog set-up for one rank (level, rank filter, pattern) and the formatting of the per-iteration log
-// line. Output goes to stdout and is flushed on every line, so interleaved mpirun output stays in order
+// spdlog set-up for one rank (level, rank filter, pattern, colour only on a terminal) and the formatting of
+// the per-iteration log line. Output goes to stdout and is flushed on every line, so interleaved mpirun output stays in order
 // per rank and a killed run loses nothing it printed.
 #include "app/logging.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 
@@ -33,10 +36,23 @@ std::string format_rate(double v) {
 
 }  // namespace
 
+bool log_colour_wanted(bool stdout_is_terminal, const char* no_color, const char* term, bool under_launcher) {
+  if (no_color && *no_color) return false;  // https://no-color.org: any non-empty value
+  if (term && std::string(term) == "dumb") return false;
+  return stdout_is_terminal && !under_launcher;
+}
+
 void init_logging(int rank, const std::string& level, bool all_ranks) {
   spdlog::level::level_enum wanted = parse_level(level);
   if (rank != 0 && !all_ranks) wanted = std::max(wanted, spdlog::level::warn);
-  auto sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>();
+  // mpirun and srun hand each rank a pseudo-terminal even when the job's output goes to a file, so a rank
+  // under a launcher cannot tell a person is watching: it never colours.
+  const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
+                              std::getenv("PMIX_RANK") || std::getenv("SLURM_STEP_ID");
+  const bool colour = log_colour_wanted(::isatty(STDOUT_FILENO) == 1, std::getenv("NO_COLOR"), std::getenv("TERM"),
+                                        under_launcher);
+  auto sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>(colour ? spdlog::color_mode::always
+                                                                           : spdlog::color_mode::never);
   auto logger = std::make_shared<spdlog::logger>("gpt", sink);
   logger->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", rank));
   logger->set_level(wanted);

@@ -23,14 +23,12 @@
 
 namespace gpt {
 
-namespace {
 DType dtype_from_name(const std::string& name) {
   if (name == "fp32") return DType::F32;
   if (name == "bf16") return DType::BF16;
   if (name == "fp16") return DType::F16;
   throw ConfigError("precision.dtype: unknown dtype '" + name + "'");
 }
-}  // namespace
 
 ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank) {
   ModelSpec s;

@@ -107,6 +107,8 @@ class Trainer {
 };
 
 ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank);
+// precision.dtype ("fp32", "bf16", "fp16") as a DType; ConfigError naming the key otherwise.
+DType dtype_from_name(const std::string& name);
 
 // The samples of a split: "train", "valid" or "test" of data.train (data.valid replaces "valid"), or
 // synthetic data when no shards are configured.

@@ -49,7 +49,7 @@ if(GPT_HAVE_CUDA)
   add_library(gptcuda STATIC ${GPT_CUDA_SOURCES})
   target_include_directories(gptcuda PUBLIC ${CMAKE_SOURCE_DIR})
   target_compile_options(gptcuda PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+    $<$<COMPILE_LANGUAGE:CXX>:${GPT_WARNINGS}>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
   target_link_libraries(gptcuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
   # gptcuda uses Tensor and Backend from gptcore and gptcore's factory uses gptcuda: a cycle of static

@@ -10,7 +10,7 @@ PACKAGES=(
   libhdf5-dev hdf5-tools
   libgtest-dev googletest
   libsentencepiece-dev fortunes
-  python3 python3-numpy python3-torch libjemalloc2
+  python3 python3-numpy python3-torch python3-matplotlib libjemalloc2
   slurm-wlm munge libpmix2 python3-h5py
 )
 

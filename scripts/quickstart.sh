@@ -25,3 +25,5 @@ baseline = index.get("unigram_perplexity")
 for e in evals[-2:]:
     print(f"{e['split']:>5} perplexity {e['perplexity']:.2f}  (unigram baseline {baseline:.2f})")
 PY
+/usr/bin/python3 scripts/plot_metrics.py runs/quickstart/metrics.jsonl -o runs/quickstart/metrics.png \
+  --title "quickstart: $(date +%F)" && echo "loss curves: runs/quickstart/metrics.png"

@@ -51,4 +51,28 @@ if [ $rc -ne 0 ] || [ ! -f "$TMP/home/ckpt/latest" ] || [ ! -s "$TMP/home/m.json
 else
   echo "ok: a prefix under 'my data' trains; ~/ckpt and ~/m.jsonl are under HOME"
 fi
+# Log lines carry no colour codes when the output is a file: neither under mpirun (whose ranks get a
+# pseudo-terminal) nor on a terminal with NO_COLOR set (script(1) provides the terminal, where present).
+timeout 120 "${MPI[@]}" -np 1 "$BIN" --config "$CFG" --set training.train_iters=1 --set eval.interval=0 \
+  >"$TMP/mpirun.log" 2>&1
+if grep -q $'\x1b\[' "$TMP/mpirun.log" || ! grep -q "iteration" "$TMP/mpirun.log"; then
+  echo "FAIL: colour codes (or no iteration line) in a log written to a file under mpirun"
+  fail=1
+else
+  echo "ok: no colour codes in a log file under mpirun"
+fi
+if command -v script >/dev/null; then
+  NO_COLOR=1 timeout 120 script -qec "'$BIN' --config '$CFG' --set training.train_iters=1 --set eval.interval=0" \
+    "$TMP/tty.log" >/dev/null 2>&1
+  tty_plain=$(grep -c $'\x1b\[' "$TMP/tty.log")
+  timeout 120 script -qec "'$BIN' --config '$CFG' --set training.train_iters=1 --set eval.interval=0" \
+    "$TMP/tty-colour.log" >/dev/null 2>&1
+  tty_colour=$(grep -c $'\x1b\[' "$TMP/tty-colour.log")
+  if [ "$tty_plain" -ne 0 ] || [ "$tty_colour" -eq 0 ]; then
+    echo "FAIL: on a terminal, NO_COLOR=1 gave $tty_plain coloured lines and no NO_COLOR gave $tty_colour"
+    fail=1
+  else
+    echo "ok: colour on a terminal, none with NO_COLOR"
+  fi
+fi
 exit $fail

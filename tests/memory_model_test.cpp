@@ -77,7 +77,9 @@ void check(const Config& cfg, ParallelState& ps, const std::string& what) {
   const int64_t head_grad = layout.pp == 1 ? e.grads - got.grads : 0;
   EXPECT_EQ(e.weights, got.weights) << what;
   EXPECT_EQ(e.grads - head_grad, got.grads) << what;
-  if (ps.dp_rank() == 0) EXPECT_EQ(e.optimizer, got.optimizer) << what;
+  if (ps.dp_rank() == 0) {
+    EXPECT_EQ(e.optimizer, got.optimizer) << what;
+  }
   EXPECT_LE(got.optimizer, e.optimizer) << what;
   const double rel = double(e.total() - got.peak) / double(got.peak);
   std::printf("[rank %d] %-44s measured %10lld B  predicted %10lld B  (%+.3f%%)\n", world_rank(), what.c_str(),

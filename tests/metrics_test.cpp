@@ -198,6 +198,15 @@ TEST(JsonString, EscapesLikeJson) {
   EXPECT_EQ(json_string("ü"), "\"ü\"");
 }
 
+TEST(LogColour, OnlyOnATerminalOutsideLaunchersWithoutNoColor) {
+  EXPECT_TRUE(log_colour_wanted(true, nullptr, "xterm-256color", false));
+  EXPECT_TRUE(log_colour_wanted(true, "", nullptr, false));  // NO_COLOR set but empty does not count
+  EXPECT_FALSE(log_colour_wanted(false, nullptr, "xterm", false));  // a file or a pipe
+  EXPECT_FALSE(log_colour_wanted(true, "1", "xterm", false));
+  EXPECT_FALSE(log_colour_wanted(true, nullptr, "dumb", false));
+  EXPECT_FALSE(log_colour_wanted(true, nullptr, "xterm", true));  // a rank under mpirun or srun
+}
+
 TEST(IterationLine, MatchesMegatronStyle) {
   EXPECT_EQ(format_iteration_line(example_stats()),
             " iteration       10/     100 | consumed samples: 80 | elapsed time per iteration (ms): 123.4 |"

@@ -245,7 +245,9 @@ TEST_F(NcclTest, FactoryBuildsDeviceGroupsFromTheGrid) {
   comm.reset();  // the factory makes its own communicators
   {
     ParallelState ps = make_parallel_state(GridLayout(size, size, 1), *be);
-    if (size > 1) EXPECT_NE(dynamic_cast<NcclCommunicator*>(ps.tp.get()), nullptr);
+    if (size > 1) {
+      EXPECT_NE(dynamic_cast<NcclCommunicator*>(ps.tp.get()), nullptr);
+    }
     Tensor t = make(std::vector<float>(100, 1.f));
     ps.tp->all_reduce(t);
     for (float x : host(t)) ASSERT_EQ(x, float(size));

@@ -68,7 +68,7 @@ class OpsTest : public ::testing::Test {
   }
 };
 
-double dot(const Vec& a, const Vec& b) {
+inline double dot(const Vec& a, const Vec& b) {
   double s = 0;
   for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
   return s;
@@ -76,7 +76,7 @@ double dot(const Vec& a, const Vec& b) {
 
 // Central differences of f with respect to every element of x. f must read x afresh on each call. The
 // step actually taken is the difference of the two rounded fp32 inputs, not the nominal h.
-DVec numeric_grad(Vec& x, const std::function<double()>& f, double h) {
+inline DVec numeric_grad(Vec& x, const std::function<double()>& f, double h) {
   DVec g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const float x0 = x[i];
@@ -92,7 +92,7 @@ DVec numeric_grad(Vec& x, const std::function<double()>& f, double h) {
 }
 
 // ||a - b|| / ||b|| over the whole vector; also insists the reference gradient is not trivially zero.
-double rel_err(const Vec& analytic, const DVec& numeric) {
+inline double rel_err(const Vec& analytic, const DVec& numeric) {
   EXPECT_EQ(analytic.size(), numeric.size());
   double diff = 0, norm = 0;
   for (size_t i = 0; i < numeric.size(); ++i) {
@@ -104,7 +104,7 @@ double rel_err(const Vec& analytic, const DVec& numeric) {
 }
 
 // Directional derivative of f along a random unit-scale direction u, by central differences.
-double directional_fd(Vec& x, const Vec& u, const std::function<double()>& f, double h) {
+inline double directional_fd(Vec& x, const Vec& u, const std::function<double()>& f, double h) {
   const Vec x0 = x;
   for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] + static_cast<float>(h) * u[i];
   const double fp = f();
@@ -114,7 +114,7 @@ double directional_fd(Vec& x, const Vec& u, const std::function<double()>& f, do
   return (fp - fm) / (2 * h);
 }
 
-void expect_near_vec(const Vec& got, const DVec& want, double atol, double rtol, const char* what) {
+inline void expect_near_vec(const Vec& got, const DVec& want, double atol, double rtol, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < want.size(); ++i)
     ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at element " << i;

@@ -123,7 +123,9 @@ TEST(PlannerMegatron, Table1WithinTwentyPercentAndNearTheBest) {
     // Ranked among the fitting layouts, in the top 3 where the model agrees with the paper's choice, and
     // never far enough from the best for train's warning (25%).
     EXPECT_GE(res.rank, 1) << r.params_b << "B";
-    if (r.top3) EXPECT_LE(res.rank, 3) << r.params_b << "B";
+    if (r.top3) {
+      EXPECT_LE(res.rank, 3) << r.params_b << "B";
+    }
     EXPECT_LT(res.published->time.step_s / res.best->time.step_s, 1.25) << r.params_b << "B";
   }
 }
@@ -185,7 +187,9 @@ TEST(PlannerPublishedLayouts, GptNeoX20B) {
   ASSERT_GE(published, 1) << "the published layout does not fit or was not enumerated";
   EXPECT_LE(published, 3);
   for (int p : {1, 2, 4})
-    if (int r = rank_of(8, p, 96 / (8 * p))) EXPECT_GT(r, published) << "tp 8, pp " << p;
+    if (int r = rank_of(8, p, 96 / (8 * p))) {
+      EXPECT_GT(r, published) << "tp 8, pp " << p;
+    }
 }
 
 // ---- the time model's parts ----
@@ -283,7 +287,9 @@ TEST(PlannerEnumeration, EveryLayoutIsValidAndRejectionsNameTheRule) {
   for (size_t i = 1; i < plan.layouts.size(); ++i) {
     const PlanEntry &a = plan.layouts[i - 1], &b = plan.layouts[i];
     EXPECT_TRUE(a.fits >= b.fits);
-    if (a.fits && b.fits) EXPECT_LE(a.time.step_s, b.time.step_s);
+    if (a.fits && b.fits) {
+      EXPECT_LE(a.time.step_s, b.time.step_s);
+    }
   }
   bool layers = false, cross_node = false;
   for (const RejectedLayout& r : plan.rejected) {

@@ -114,7 +114,9 @@ TEST(MixedPrecision, NonFiniteLossNeverReachesWeights) {
   std::vector<float> after = all_values(t);
   ASSERT_EQ(after.size(), before.size());
   for (size_t i = 0; i < after.size(); ++i)
-    if (std::isfinite(before[i])) EXPECT_EQ(after[i], before[i]) << i;
+    if (std::isfinite(before[i])) {
+      EXPECT_EQ(after[i], before[i]) << i;
+    }
   size_t k = 0;
   for (auto& seg : t.optimizer().adam().segments()) {
     std::vector<float> m(seg.m.numel());

@@ -136,9 +136,11 @@ TEST(SendRelease, LiveBuffersDoNotGrowWithTheMicrobatches) {
         EXPECT_LE(held, 2 * p) << "p=" << p << " v=" << v << " rank " << r;
       }
       // Evaluation: one activation in flight per rank with one chunk each.
-      if (v == 1)
-        for (const auto& points : *cached_send_release_points(p, 1, 16 * p, true))
+      if (v == 1) {
+        for (const auto& points : *cached_send_release_points(p, 1, 16 * p, true)) {
           EXPECT_LE(max_live_send_buffers(points), 1) << "p=" << p;
+        }
+      }
     }
 }
 

@@ -18,6 +18,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // For the start-up log: the libraries and instruction set the backend runs on here ("" if nothing to say),
+  // and a warning when `compute` cannot run at full speed on this machine ("" when it can).
+  virtual std::string details() const { return {}; }
+  virtual std::string dtype_warning(DType compute) const { return {}; }
   virtual Device device() const = 0;
 
   // ---- memory ----

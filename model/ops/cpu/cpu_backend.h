@@ -13,6 +13,8 @@ namespace gpt {
 
 class CpuBackend final : public Backend {
  public:
+  std::string details() const override;
+  std::string dtype_warning(DType compute) const override;
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::CPU; }
 

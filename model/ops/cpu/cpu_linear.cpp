@@ -150,3 +150,18 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
 }
 
 }  // namespace gpt
+
+namespace gpt {
+
+std::string CpuBackend::details() const {
+  return cpu::matmul_library_version() + " matmul, instruction set " + cpu::matmul_isa();
+}
+
+std::string CpuBackend::dtype_warning(DType compute) const {
+  if (compute != DType::BF16 || cpu::matmul_has_native_bf16()) return {};
+  return "this CPU has no bf16 matrix instructions (oneDNN runs " + cpu::matmul_isa() +
+         "), so bf16 products run on fp32 copies of their operands and are slower than fp32; use "
+         "precision.dtype=fp32 here";
+}
+
+}  // namespace gpt

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "model/ops/cpu/cpu_tensor_access.h"
 #include "model/ops/half.h"
 
 namespace gpt::cpu {
@@ -66,6 +67,8 @@ std::mutex g_cache_mu;
 std::map<Key, std::shared_ptr<Prepared>> g_cache;  // guarded by g_cache_mu
 std::atomic<int64_t> g_created{0};
 
+// The cached primitive for `s`, or nullptr when this library cannot run a bf16 product of this shape on
+// this CPU (decided once per shape: a failed creation is cached too, so the fallback costs no retry).
 std::shared_ptr<Prepared> cached(const MatmulShape& s) {
   const Key k = key_of(s);
   {
@@ -73,7 +76,13 @@ std::shared_ptr<Prepared> cached(const MatmulShape& s) {
     auto it = g_cache.find(k);
     if (it != g_cache.end()) return it->second;
   }
-  auto p = prepare(s);  // outside the lock: creation can take a while
+  std::shared_ptr<Prepared> p;
+  try {
+    p = prepare(s);  // outside the lock: creation can take a while
+  } catch (const dnnl::error& e) {
+    if (s.a == MatType::F32 && s.b == MatType::F32 && s.c == MatType::F32)
+      throw std::runtime_error(fmt::format("oneDNN matmul {}x{}x{}: {}", s.M, s.N, s.K, e.what()));
+  }
   ++g_created;
   std::lock_guard<std::mutex> lock(g_cache_mu);
   return g_cache.emplace(k, p).first->second;
@@ -90,14 +99,18 @@ void execute(const Prepared& p, const void* A, const void* B, void* C, const flo
   stream.wait();
 }
 
-// fp32 copy of a stored [rows, cols] operand with leading dimension ld (rows x cols as stored).
-std::vector<float> widen(const void* data, MatType t, int64_t rows, int64_t cols, int64_t ld) {
-  std::vector<float> out(static_cast<size_t>(rows * ld));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t i = r * ld + c;
-      out[i] = t == MatType::BF16 ? bf16_to_fp32(static_cast<const uint16_t*>(data)[i]) : static_cast<const float*>(data)[i];
-    }
+DType dtype_of(MatType t) { return t == MatType::BF16 ? DType::BF16 : DType::F32; }
+size_t bytes_of(MatType t) { return t == MatType::BF16 ? 2 : 4; }
+
+// fp32 copy of a stored [rows, cols] operand with leading dimension ld (same layout), in a pooled buffer.
+std::unique_ptr<ScratchBuffer> widen(const void* data, MatType t, int64_t rows, int64_t cols, int64_t ld) {
+  auto out = std::make_unique<ScratchBuffer>(static_cast<size_t>(rows * ld) * sizeof(float));
+  const char* src = static_cast<const char*>(data);
+  if (ld == cols) {
+    to_f32(src, dtype_of(t), out->as<float>(), rows * cols);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) to_f32(src + r * ld * bytes_of(t), dtype_of(t), out->as<float>() + r * ld, cols);
+  }
   return out;
 }
 
@@ -124,22 +137,18 @@ void matmul(const MatmulShape& s, const void* A, const void* B, void* C, const f
   }
   if (s.bias && s.alpha != 1.f) throw std::invalid_argument("cpu::matmul: alpha with a bias is not supported");
   if (s.bias != (bias != nullptr)) throw std::invalid_argument("cpu::matmul: bias pointer and shape disagree");
-  std::shared_ptr<Prepared> p;
-  try {
-    p = cached(s);
-  } catch (const dnnl::error& e) {
-    if (s.a == MatType::F32 && s.b == MatType::F32 && s.c == MatType::F32)
-      throw std::runtime_error(fmt::format("oneDNN matmul {}x{}x{}: {}", s.M, s.N, s.K, e.what()));
+  const std::shared_ptr<Prepared> p = cached(s);
+  if (!p) {
     // bf16 that this CPU or library cannot run: the same product on fp32 copies, rounded into a bf16 C.
     MatmulShape f = s;
     f.a = f.b = f.c = MatType::F32;
     const auto a = widen(A, s.a, s.trans_a ? s.K : s.M, s.trans_a ? s.M : s.K, s.lda);
     const auto b = widen(B, s.b, s.trans_b ? s.N : s.K, s.trans_b ? s.K : s.N, s.ldb);
-    if (s.c == MatType::F32) return matmul(f, a.data(), b.data(), C, bias);
-    std::vector<float> c = widen(C, s.c, s.M, s.N, s.ldc);
-    matmul(f, a.data(), b.data(), c.data(), bias);
+    if (s.c == MatType::F32) return matmul(f, a->as<float>(), b->as<float>(), C, bias);
+    const auto c = widen(C, s.c, s.M, s.N, s.ldc);
+    matmul(f, a->as<float>(), b->as<float>(), c->as<float>(), bias);
     for (int64_t i = 0; i < s.M; ++i)
-      for (int64_t j = 0; j < s.N; ++j) store(C, s.c, i * s.ldc + j, c[i * s.ldc + j]);
+      from_f32(c->as<float>() + i * s.ldc, static_cast<uint16_t*>(C) + i * s.ldc, DType::BF16, s.N);
     return;
   }
   execute(*p, A, B, C, bias);
@@ -157,6 +166,14 @@ std::string matmul_isa() {
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
     default: return "other";
   }
+}
+
+bool matmul_has_native_bf16() {
+  MatmulShape s;
+  s.M = s.N = s.K = 64;
+  s.lda = s.ldb = s.ldc = 64;
+  s.a = s.b = MatType::BF16;
+  return cached(s) != nullptr;
 }
 
 int64_t matmul_primitives_created() { return g_created.load(); }

@@ -31,6 +31,9 @@ void matmul(const MatmulShape& s, const void* A, const void* B, void* C, const f
 // The instruction set oneDNN dispatches to on this machine, e.g. "avx512_core_bf16" (for logs and
 // benchmark tables), and the library version.
 std::string matmul_isa();
+// Whether bf16 products run natively here (else on fp32 copies of their operands, several times slower
+// than fp32 itself: CPUs without AVX512-BF16 or AMX).
+bool matmul_has_native_bf16();
 std::string matmul_library_version();
 
 // How many primitives have been created so far (the cache's misses): constant once every shape of a
