@@ -287,6 +287,7 @@ int run_distributed_command(const ParsedArgs& args) {
   std::unique_ptr<Backend> backend;
   try {
     backend = make_backend(cfg.backend, launch.env.local_rank);
+    backend->set_attention_backend(cfg.model.attention_backend);
   } catch (const std::exception& e) {  // e.g. backend cuda on a node without a visible GPU
     error = fmt::format("config {}: rank {}: {}", cfg.source, rank, e.what());
   }

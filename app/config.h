@@ -20,6 +20,7 @@ struct ModelConfig {
   int64_t make_vocab_size_divisible_by = 128;  // padded vocab is a multiple of this * tensor parallel
   double layernorm_eps = 1e-5;
   double init_std = 0.02;
+  std::string attention_backend = "auto";  // CUDA: auto | cudnn | unfused (the CPU has one fused attention)
 };
 
 struct ParallelConfig {

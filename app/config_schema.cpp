@@ -30,6 +30,11 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(model, make_vocab_size_divisible_by, "padded vocab is a multiple of this times parallel.tensor"),
       GPT_KEY(model, layernorm_eps, "epsilon inside layer norm"),
       GPT_KEY(model, init_std, "standard deviation of the normal weight initialisation"),
+      GPT_KEY(model, attention_backend,
+              "CUDA attention: cuDNN's fused attention where it takes the shape, else the unfused path with one "
+              "warning (auto); cuDNN or an error (cudnn); the unfused path (unfused). The CPU backend has one "
+              "fused attention and ignores it",
+              "auto", "cudnn", "unfused"),
 
       GPT_KEY(parallel, tensor, "tensor-parallel size"),
       GPT_KEY(parallel, pipeline, "pipeline-parallel size (stages)"),

@@ -52,6 +52,22 @@ if(GPT_HAVE_CUDA)
     $<$<COMPILE_LANGUAGE:CXX>:${GPT_WARNINGS}>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
   target_link_libraries(gptcuda PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  target_link_libraries(gptcuda PRIVATE spdlog::spdlog)
+  # cuDNN 9's graph API (cudnn_graph.h) for the fused attention (model/ops/cuda/cudnn_attention.cpp);
+  # without it the CUDA backend runs its unfused attention only.
+  find_path(GPT_CUDNN_INCLUDE_DIR cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDNN_HOME PATH_SUFFIXES include)
+  find_library(GPT_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ENV CUDNN_HOME PATH_SUFFIXES lib lib64)
+  if(GPT_CUDNN_INCLUDE_DIR AND GPT_CUDNN_LIBRARY)
+    target_include_directories(gptcuda PRIVATE ${GPT_CUDNN_INCLUDE_DIR})
+    target_link_libraries(gptcuda PUBLIC ${GPT_CUDNN_LIBRARY})
+    target_compile_definitions(gptcuda PRIVATE GPT_HAVE_CUDNN)
+    message(STATUS "gpt-train: cuDNN fused attention (${GPT_CUDNN_LIBRARY})")
+  elseif(_gpt_cuda_mode STREQUAL "ON")
+    message(WARNING "gpt-train: cuDNN 9 (cudnn_graph.h, libcudnn) not found next to the CUDA toolkit: the CUDA "
+                    "backend will run its unfused attention only (set CUDNN_HOME to point at cuDNN)")
+  else()
+    message(STATUS "gpt-train: cuDNN not found: CUDA attention runs unfused")
+  endif()
   # gptcuda uses Tensor and Backend from gptcore and gptcore's factory uses gptcuda: a cycle of static
   # libraries, which CMake resolves by repeating them on the link line. LINK_ONLY keeps gptcore's compile
   # flags (OpenMP, MPI) away from nvcc.

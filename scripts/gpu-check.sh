@@ -209,7 +209,10 @@ run_checks() {
   say "cuda_ops_test"
   timeout 150 "$OPS_TEST" >"$LOG/cuda_ops_test.log" 2>&1
   local ops_rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure|error" "$LOG/cuda_ops_test.log" | head -40
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) \]|Failure|error" "$LOG/cuda_ops_test.log" | grep -v "^\[error\]" | head -40
+  say "attention against the CPU, both CUDA paths (worst |gpu - cpu| / (|cpu| + rms))"
+  grep -E "^\[error\] (lse|out|dqkv) " "$LOG/cuda_ops_test.log" | sed 's/^\[error\] //'
+  grep -E "attention: not on cuDNN" "$LOG/cuda_ops_test.log" | head -2
   say "nccl_test (one rank)"
   timeout 60 "$NCCL_TEST" >"$LOG/nccl_test.log" 2>&1
   local nccl_rc=$?

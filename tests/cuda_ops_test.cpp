@@ -143,10 +143,12 @@ class CudaVsCpu : public ::testing::Test {
       const double err = std::fabs(double(g[i]) - c[i]) / (std::fabs(c[i]) + rms + 1e-30);
       if (err > worst) worst = err, at = i;
     }
+    std::printf("[error] %-60s %.3g (tolerance %.3g)\n", what.c_str(), worst, rtol);  // read by gpu-check.sh
     EXPECT_LE(worst, rtol) << what << ": worst at element " << at << " of " << c.size() << ": GPU " << g[at]
                            << " CPU " << c[at] << " (rms " << rms << ")";
   }
   static double tol(DType dt) { return dt == DType::F32 ? 1e-5 : 1e-2; }
+  void attention_paths(DType dt);
 
   std::unique_ptr<Backend> cpu = make_backend("cpu");
   Backend* gpu = nullptr;
@@ -399,25 +401,35 @@ TEST_F(CudaVsCpu, NegativeTokenIdIsReported) {
 // ---------------------------------------------------------------------------------------------------
 // Attention
 
-TEST_P(CudaVsCpuDtype, CausalAttentionForwardBackward) {
-  const DType dt = GetParam();
-  // Odd shapes, then real ones: head dims 64 and 128, T = 1024 and 2048, B*H up to 192.
+// Both CUDA attention paths (model.attention_backend: unfused, and cudnn for 16-bit) against the CPU's fused
+// attention: odd shapes, then real ones (head dims 64 and 128, T = 1024 and 2048, B*H up to 192).
+TEST_P(CudaVsCpuDtype, CausalAttentionForwardBackward) { attention_paths(GetParam()); }
+
+TEST_F(CudaVsCpu, CausalAttentionForwardBackwardFp16) { attention_paths(DType::F16); }
+
+void CudaVsCpu::attention_paths(DType dt) {
   const std::vector<std::array<int64_t, 4>> shapes{{2, 67, 3, 16}, {1, 5, 2, 8},     {1, 130, 2, 64},
                                                    {2, 1024, 12, 64}, {1, 2048, 8, 128}, {16, 1024, 12, 64}};
-  for (auto [B, T, H, D] : shapes) {
-    const std::string at = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-                           " D=" + std::to_string(D);
-    Pair qkv = randn_pair({B * T, 3 * H * D}, dt);
-    Pair out = empty({B * T, H * D}, dt), lse = empty({B, H, T});
-    cpu->attention_forward(qkv.c, B, T, H, D, out.c, lse.c);
-    gpu->attention_forward(qkv.g, B, T, H, D, out.g, lse.g);
-    expect_close(lse, dt == DType::F32 ? 1e-5 : 1e-2, "lse" + at);
-    expect_close(out, tol(dt), "out" + at);
-    Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, 3 * H * D}, dt);
-    cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, D, dqkv.c);
-    gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, D, dqkv.g);
-    expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
+  std::vector<std::string> paths{"unfused"};
+  if (dt != DType::F32) paths.push_back("cudnn");
+  for (const std::string& path : paths) {
+    gpu->set_attention_backend(path);
+    for (auto [B, T, H, D] : shapes) {
+      const std::string at = " " + path + " " + dtype_name(dt) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                             " H=" + std::to_string(H) + " D=" + std::to_string(D);
+      Pair qkv = randn_pair({B * T, 3 * H * D}, dt);
+      Pair out = empty({B * T, H * D}, dt), lse = empty({B, H, T});
+      cpu->attention_forward(qkv.c, B, T, H, D, out.c, lse.c);
+      gpu->attention_forward(qkv.g, B, T, H, D, out.g, lse.g);
+      expect_close(lse, dt == DType::F32 ? 1e-5 : 1e-2, "lse" + at);
+      expect_close(out, tol(dt), "out" + at);
+      Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, 3 * H * D}, dt);
+      cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, D, dqkv.c);
+      gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, D, dqkv.g);
+      expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
+    }
   }
+  gpu->set_attention_backend("auto");
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -22,6 +22,9 @@ class Backend {
   // and a warning when `compute` cannot run at full speed on this machine ("" when it can).
   virtual std::string details() const { return {}; }
   virtual std::string dtype_warning(DType compute) const { return {}; }
+  // model.attention_backend (auto | cudnn | unfused): which attention implementation a backend with more
+  // than one uses; a backend with one ignores it.
+  virtual void set_attention_backend(const std::string& name) {}
   virtual Device device() const = 0;
 
   // ---- memory ----

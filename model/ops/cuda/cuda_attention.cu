@@ -125,6 +125,7 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
                                     Tensor& lse) {
   const char* op = "attention_forward";
   const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
+  if (cudnn_attention_forward(s, qkv, out, lse)) return;
   const DType X = qkv.dtype();
   require_product_output(out, X, op, "out");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
@@ -172,6 +173,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_float(dqkv, op, "dqkv");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
+  if (cudnn_attention_backward(s, dout, qkv, out, lse, dqkv)) return;
   const DType X = qkv.dtype();
   require_product_output(dqkv, X, op, "dqkv");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));

@@ -117,6 +117,12 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   stream_ = ctx.stream;
   cublas_ = ctx.cublas;
   error_device_ = ctx.error_device;
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_), "CudaBackend",
+             "compute capability");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_), "CudaBackend",
+             "compute capability");
+  sm_ = 10 * major + minor;
 }
 
 CudaBackend::~CudaBackend() {

@@ -13,9 +13,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
 
 #include "model/ops/backend.h"
+#include "model/ops/cuda/cudnn_attention.h"
+#include "model/ops/op_checks.h"
 
 namespace gpt {
 
@@ -82,6 +86,9 @@ class CudaBackend final : public Backend {
                          Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                           int64_t T, int64_t H, int64_t D, Tensor& dqkv) override;
+  // model.attention_backend: auto (cuDNN's fused attention where it takes the shape, else the unfused
+  // path, with one logged warning), cudnn (an error instead of the fallback), unfused.
+  void set_attention_backend(const std::string& name) override;
 
   void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
   void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
@@ -129,7 +136,21 @@ class CudaBackend final : public Backend {
   bool allow_tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  DeviceErrorReport* error_device_ = nullptr;  // written by kernels, read by raise_device_errors
+  DeviceErrorReport* error_device_ = nullptr;
+  int sm_ = 0;  // compute capability, e.g. 90
+  // The attention path (cudnn_attention.cpp): an AttentionPath there, and cuDNN's state.
+  int attention_path_ = 0;
+  struct CudnnState {
+    ~CudnnState();
+    std::unique_ptr<cuda::CudnnAttention> attention;  // created on first use
+    bool fallback_logged = false;
+  } cudnn_;
+  bool cudnn_attention_forward(const ops::AttentionDims& d, const Tensor& qkv, Tensor& out, Tensor& lse);
+  bool cudnn_attention_backward(const ops::AttentionDims& d, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, Tensor& dqkv);
+  std::string cudnn_blocker(const cuda::SdpaShape& s, bool backward, std::initializer_list<const Tensor*> io) const;
+  bool cudnn_fallback(const std::string& why, const char* op);
+  cuda::CudnnAttention& cudnn_runner();  // written by kernels, read by raise_device_errors
 };
 
 }  // namespace gpt

@@ -1,0 +1,63 @@
+// Causal scaled-dot-product attention on cuDNN's fused flash-attention engines, through cuDNN 9's graph
+// (backend) API directly: the operation graphs cudnn-frontend builds for its SDPA nodes (matmul,
+// pointwise, reduction and reshape operations that the runtime fuses into one kernel), with RAII
+// descriptors and execution plans cached per shape. Q, K and V are read by strides from the packed qkv
+// rows, the output and the gradients are written by strides into their rows, and the statistics are the
+// fused-attention contract's log-sum-exp [B, H, T] (model/ops/backend.h). bf16 and fp16 only, head dim a
+// multiple of 8 (at most 128, or 256 on Hopper), Ampere or newer. CudaBackend's attention ops use it when
+// model.attention_backend allows and fall back to the unfused path when cuDNN rejects a graph.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "model/tensor.h"
+
+namespace gpt::cuda {
+
+// cuDNN cannot run this attention here (head dim, dtype, architecture, library version, or a graph it
+// rejects); the unfused path can.
+class CudnnUnsupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SdpaShape {
+  int64_t B = 0, T = 0, H = 0, D = 0;
+  DType dtype = DType::BF16;
+};
+
+class CudnnAttention {
+ public:
+  // A cuDNN handle on `stream`; throws CudnnUnsupported when cuDNN cannot be initialised.
+  explicit CudnnAttention(cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Why cuDNN's fused attention cannot take this shape on a device of compute capability `sm` (e.g. 90),
+  // or "" when it can be tried. Builds nothing.
+  static std::string precheck(const SdpaShape& s, int sm, bool backward);
+
+  // Device workspace bytes for the direction (builds and caches the plan; CudnnUnsupported if rejected).
+  int64_t workspace_bytes(const SdpaShape& s, bool backward);
+
+  // The contract's forward and backward; `workspace` holds workspace_bytes(s, ...) bytes.
+  void forward(const SdpaShape& s, const void* qkv, void* out, float* lse, void* workspace);
+  void backward(const SdpaShape& s, const void* qkv, const void* out, const void* dout, const float* lse, void* dqkv,
+                void* workspace);
+
+  struct Plan;
+
+ private:
+  Plan& plan(const SdpaShape& s, bool backward);
+  void* handle_ = nullptr;  // cudnnHandle_t
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace gpt::cuda
