@@ -262,7 +262,7 @@ int run_distributed_command(const ParsedArgs& args) {
   agree_or_throw<StartupError>(*startup_world, error);
   if (args.has("load")) cfg.checkpoint.load = args.get("load");
   if (eval && !cfg.checkpoint.load.empty()) cfg.checkpoint.dir.clear();  // eval what --load names
-  init_logging(rank, cfg.logging.level, cfg.logging.all_ranks);
+  init_logging(rank, cfg.logging.level, cfg.logging.all_ranks, discover_launch_env().launcher != Launcher::None);
   require_same_config(*startup_world, cfg);
   LaunchInfo launch = reconcile_with_mpi(discover_launch_env());
   // The watchdog from here on (app/watchdog.h): start-up and checkpoint I/O within

@@ -42,13 +42,11 @@ bool log_colour_wanted(bool stdout_is_terminal, const char* no_color, const char
   return stdout_is_terminal && !under_launcher;
 }
 
-void init_logging(int rank, const std::string& level, bool all_ranks) {
+void init_logging(int rank, const std::string& level, bool all_ranks, bool under_launcher) {
   spdlog::level::level_enum wanted = parse_level(level);
   if (rank != 0 && !all_ranks) wanted = std::max(wanted, spdlog::level::warn);
   // mpirun and srun hand each rank a pseudo-terminal even when the job's output goes to a file, so a rank
   // under a launcher cannot tell a person is watching: it never colours.
-  const bool under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-                              std::getenv("PMIX_RANK") || std::getenv("SLURM_STEP_ID");
   const bool colour = log_colour_wanted(::isatty(STDOUT_FILENO) == 1, std::getenv("NO_COLOR"), std::getenv("TERM"),
                                         under_launcher);
   auto sink = std::make_shared<spdlog::sinks::stdout_color_sink_mt>(colour ? spdlog::color_mode::always

@@ -10,7 +10,8 @@ namespace gpt {
 
 // Sets the default spdlog logger. `level` is a spdlog level name (trace, debug, info, warn, error,
 // critical, off); an unknown name throws std::runtime_error. Safe to call again (replaces the logger).
-void init_logging(int rank, const std::string& level, bool all_ranks);
+// `under_launcher`: started by mpirun, srun or another MPI launcher (app/launch_env.h).
+void init_logging(int rank, const std::string& level, bool all_ranks, bool under_launcher);
 // Whether log lines get ANSI colours: only when stdout is a terminal, NO_COLOR is unset or empty, TERM is
 // not "dumb", and the process was not started by mpirun or srun.
 bool log_colour_wanted(bool stdout_is_terminal, const char* no_color, const char* term, bool under_launcher);

@@ -61,18 +61,32 @@ if grep -q $'\x1b\[' "$TMP/mpirun.log" || ! grep -q "iteration" "$TMP/mpirun.log
 else
   echo "ok: no colour codes in a log file under mpirun"
 fi
-if command -v script >/dev/null; then
-  NO_COLOR=1 timeout 120 script -qec "'$BIN' --config '$CFG' --set training.train_iters=1 --set eval.interval=0" \
-    "$TMP/tty.log" >/dev/null 2>&1
-  tty_plain=$(grep -c $'\x1b\[' "$TMP/tty.log")
-  timeout 120 script -qec "'$BIN' --config '$CFG' --set training.train_iters=1 --set eval.interval=0" \
-    "$TMP/tty-colour.log" >/dev/null 2>&1
-  tty_colour=$(grep -c $'\x1b\[' "$TMP/tty-colour.log")
-  if [ "$tty_plain" -ne 0 ] || [ "$tty_colour" -eq 0 ]; then
-    echo "FAIL: on a terminal, NO_COLOR=1 gave $tty_plain coloured lines and no NO_COLOR gave $tty_colour"
-    fail=1
-  else
-    echo "ok: colour on a terminal, none with NO_COLOR"
-  fi
+# On a terminal (a pseudo-terminal opened here) the log is coloured, unless NO_COLOR is set.
+tty_run() {  # prints how many lines carried a colour code
+  /usr/bin/python3 - "$@" <<'PY'
+import os, subprocess, sys
+master, slave = os.openpty()
+proc = subprocess.Popen(sys.argv[1:], stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+os.close(slave)
+out = b""
+while True:
+    try:
+        chunk = os.read(master, 65536)
+    except OSError:  # the terminal closes when the process exits
+        break
+    if not chunk:
+        break
+    out += chunk
+proc.wait()
+print(sum(1 for line in out.splitlines() if b"\x1b[" in line))
+PY
+}
+tty_plain=$(NO_COLOR=1 timeout 120 bash -c "$(declare -f tty_run); tty_run '$BIN' --config '$CFG' --set training.train_iters=1 --set eval.interval=0")
+tty_colour=$(env -u NO_COLOR timeout 120 bash -c "$(declare -f tty_run); tty_run '$BIN' --config '$CFG' --set training.train_iters=1 --set eval.interval=0")
+if [ "${tty_plain:-x}" != 0 ] || [ "${tty_colour:-0}" -eq 0 ]; then
+  echo "FAIL: on a terminal, NO_COLOR=1 gave '$tty_plain' coloured lines and no NO_COLOR gave '$tty_colour'"
+  fail=1
+else
+  echo "ok: colour on a terminal ($tty_colour lines), none with NO_COLOR"
 fi
 exit $fail

@@ -427,7 +427,7 @@ TEST(ConfigValidation, HugeSizesNameTheirKeysInsteadOfOverflowing) {
       {{"model.hidden_size=3037000500", "model.num_heads=4"}, {"one layer", "model.hidden_size = 3037000500"}},
       {{"model.ffn_hidden_size=" + max}, {"model.ffn_hidden_size = " + max, "overflows"}},
       {{"model.seq_length=" + max}, {"model.seq_length = " + max, "overflows"}},
-      {{"model.seq_length=2000000000"}, {"activation bytes", "model.seq_length = 2000000000", "model.num_heads"}},
+      {{"model.seq_length=4611686018427387"}, {"activation bytes", "model.seq_length = 4611686018427387"}},
       {{"model.num_layers=" + max}, {"model.num_layers must be <= 2147483647"}},
       {{"model.num_layers=1099511627776"}, {"model.num_layers must be <= 2147483647"}},
       {{"model.num_heads=" + max}, {"model.num_heads = " + max, "overflows"}},

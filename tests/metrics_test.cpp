@@ -238,20 +238,20 @@ TEST(IterationLine, OptionalFieldsAndWideValues) {
 }
 
 TEST(Logging, LevelsPerRankAndRankInPattern) {
-  init_logging(0, "debug", false);
+  init_logging(0, "debug", false, false);
   EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::debug);
-  init_logging(3, "info", false);
+  init_logging(3, "info", false, false);
   EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::warn);
-  init_logging(3, "error", false);
+  init_logging(3, "error", false, false);
   EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::err);
-  init_logging(3, "info", true);
+  init_logging(3, "info", true, false);
   EXPECT_EQ(spdlog::default_logger()->level(), spdlog::level::info);
-  EXPECT_THROW(init_logging(0, "loud", false), std::runtime_error);
+  EXPECT_THROW(init_logging(0, "loud", false, false), std::runtime_error);
 
   testing::internal::CaptureStdout();
-  init_logging(2, "info", true);
+  init_logging(2, "info", true, false);
   spdlog::info("hello {}", 42);
-  init_logging(2, "info", false);
+  init_logging(2, "info", false, false);
   spdlog::info("hidden on rank 2");
   spdlog::warn("shown on rank 2");
   std::string out = testing::internal::GetCapturedStdout();
@@ -259,7 +259,7 @@ TEST(Logging, LevelsPerRankAndRankInPattern) {
   EXPECT_NE(out.find("hello 42"), std::string::npos) << out;
   EXPECT_EQ(out.find("hidden on rank 2"), std::string::npos) << out;
   EXPECT_NE(out.find("shown on rank 2"), std::string::npos) << out;
-  init_logging(0, "info", false);
+  init_logging(0, "info", false, false);
 }
 
 }  // namespace

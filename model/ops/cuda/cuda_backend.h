@@ -143,6 +143,7 @@ class CudaBackend final : public Backend {
   struct CudnnState {
     ~CudnnState();
     std::unique_ptr<cuda::CudnnAttention> attention;  // created on first use
+    std::string unavailable;                          // why cuDNN could not be initialised, once it failed
     bool fallback_logged = false;
   } cudnn_;
   bool cudnn_attention_forward(const ops::AttentionDims& d, const Tensor& qkv, Tensor& out, Tensor& lse);
@@ -150,7 +151,8 @@ class CudaBackend final : public Backend {
                                 const Tensor& lse, Tensor& dqkv);
   std::string cudnn_blocker(const cuda::SdpaShape& s, bool backward, std::initializer_list<const Tensor*> io) const;
   bool cudnn_fallback(const std::string& why, const char* op);
-  cuda::CudnnAttention& cudnn_runner();  // written by kernels, read by raise_device_errors
+  cuda::CudnnAttention& cudnn_runner();
+  bool cudnn_skipped(DType dtype) const;  // throws cuda::CudnnUnsupported when cuDNN cannot start
 };
 
 }  // namespace gpt

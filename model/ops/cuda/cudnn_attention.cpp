@@ -23,7 +23,7 @@
 #include "model/ops/cuda/cuda_check.h"
 
 #ifdef GPT_HAVE_CUDNN
-#include <cudnn.h>
+#include <cudnn_graph.h>
 #endif
 
 namespace gpt {
@@ -51,6 +51,11 @@ void CudaBackend::set_attention_backend(const std::string& name) {
 }
 
 #ifndef GPT_HAVE_CUDNN
+
+namespace cuda {
+struct CudnnAttention::Plan {};
+CudnnAttention::~CudnnAttention() = default;
+}  // namespace cuda
 
 bool CudaBackend::cudnn_attention_forward(const ops::AttentionDims&, const Tensor&, Tensor&, Tensor&) { return false; }
 
@@ -247,7 +252,9 @@ class GraphBuilder {
 #pragma GCC diagnostic pop
       const cudnnStatus_t st = cudnnBackendFinalize(plan->get());
       if (st != CUDNN_STATUS_SUCCESS) {
-        last_error = cudnnGetErrorString(st);
+        char detail[1024] = {0};
+        cudnnGetLastErrorString(detail, sizeof detail);
+        last_error = std::string(cudnnGetErrorString(st)) + (detail[0] ? std::string(": ") + detail : "");
         continue;
       }
       auto out = std::make_unique<CudnnAttention::Plan>();
@@ -416,8 +423,12 @@ CudnnAttention::CudnnAttention(cudaStream_t stream) {
   const cudnnStatus_t st = cudnnCreate(&h);
   if (st != CUDNN_STATUS_SUCCESS)
     throw CudnnUnsupported(std::string("cuDNN could not be initialised: ") + cudnnGetErrorString(st));
+  const cudnnStatus_t bound = cudnnSetStream(h, stream);
+  if (bound != CUDNN_STATUS_SUCCESS) {
+    cudnnDestroy(h);
+    throw CudnnUnsupported(std::string("cuDNN could not use the compute stream: ") + cudnnGetErrorString(bound));
+  }
   handle_ = h;
-  check(cudnnSetStream(h, stream), "set stream");
 }
 
 CudnnAttention::~CudnnAttention() {
@@ -434,7 +445,11 @@ std::string CudnnAttention::precheck(const SdpaShape& s, int sm, bool backward) 
   if (s.D % 8 != 0 || s.D > max_d)
     return "head dim " + std::to_string(s.D) + " is not a multiple of 8 up to " + std::to_string(max_d);
   if (backward && s.T == 1) return "cuDNN's fused attention backward needs a sequence longer than 1";
-  if (cudnnGetVersion() < 90000) return "cuDNN " + std::to_string(cudnnGetVersion()) + " is older than 9.0";
+  // The graphs are the ones cudnn-frontend builds for cuDNN 9.16 and later; older 9.x runtimes need
+  // workarounds (dQ_accum zeroed by the caller, a finite mask value, padding masks) that are not built here.
+  const size_t version = cudnnGetVersion();
+  if (version < 91600 || version / 10000 != CUDNN_MAJOR)
+    return "cuDNN " + std::to_string(version) + " at run time; the fused attention graphs need 9.16 or newer 9.x";
   return {};
 }
 
@@ -442,13 +457,13 @@ CudnnAttention::Plan& CudnnAttention::plan(const SdpaShape& s, bool backward) {
   const auto key = std::make_tuple(s.B, s.T, s.H, s.D, static_cast<int>(s.dtype), backward);
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
+  if (auto no = rejected_.find(key); no != rejected_.end()) throw CudnnUnsupported(no->second);
   auto handle = static_cast<cudnnHandle_t>(handle_);
   std::unique_ptr<Plan> p;
   try {
     p = backward ? build_backward(handle, s) : build_forward(handle, s);
-  } catch (const CudnnUnsupported&) {
-    throw;
-  } catch (const std::runtime_error& e) {  // a descriptor cuDNN refused: the graph is not supported here
+  } catch (const std::runtime_error& e) {  // a descriptor or plan cuDNN refused: not supported here
+    rejected_.emplace(key, e.what());
     throw CudnnUnsupported(e.what());
   }
   return *plans_.emplace(key, std::move(p)).first->second;
@@ -489,22 +504,25 @@ CudaBackend::CudnnState::~CudnnState() = default;
 std::string CudaBackend::cudnn_blocker(const cuda::SdpaShape& s, bool backward,
                                        std::initializer_list<const Tensor*> io) const {
   std::string why = cuda::CudnnAttention::precheck(s, sm_, backward);
-  for (const Tensor* t : io)
+  for (const Tensor* t : io) {
     if (why.empty() && t->dtype() != s.dtype)
       why = "every attention tensor must have qkv's dtype " + std::string(dtype_name(s.dtype)) + ", got " +
             ops::describe(*t);
+    if (why.empty() && reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0)
+      why = "a tensor that does not start on a 16-byte boundary: " + ops::describe(*t);
+  }
   return why;
 }
 
 // After cuDNN could not run an attention op: an error under model.attention_backend=cudnn, else one
-// logged warning per process and the unfused path (false).
+// logged warning per backend and the unfused path (false).
 bool CudaBackend::cudnn_fallback(const std::string& why, const char* op) {
   if (static_cast<AttentionPath>(attention_path_) == AttentionPath::Cudnn)
     throw std::runtime_error(std::string("CudaBackend::") + op +
                              ": model.attention_backend is cudnn, but cuDNN cannot run it: " + why);
   if (!cudnn_.fallback_logged) {
     spdlog::warn("attention: not on cuDNN's fused attention ({}); using the unfused path (model.attention_backend: "
-                 "auto)",
+                 "auto; this warning is given once per backend, for the first such call)",
                  why);
     cudnn_.fallback_logged = true;
   }
@@ -512,12 +530,26 @@ bool CudaBackend::cudnn_fallback(const std::string& why, const char* op) {
 }
 
 cuda::CudnnAttention& CudaBackend::cudnn_runner() {
-  if (!cudnn_.attention) cudnn_.attention = std::make_unique<cuda::CudnnAttention>(stream_);
+  if (!cudnn_.unavailable.empty()) throw cuda::CudnnUnsupported(cudnn_.unavailable);
+  if (!cudnn_.attention) {
+    try {
+      cudnn_.attention = std::make_unique<cuda::CudnnAttention>(stream_);
+    } catch (const cuda::CudnnUnsupported& e) {
+      cudnn_.unavailable = e.what();  // decided once
+      throw;
+    }
+  }
   return *cudnn_.attention;
 }
 
+// fp32 attention runs unfused by design under `auto` (cuDNN's fused attention is 16-bit): no warning.
+bool CudaBackend::cudnn_skipped(DType dtype) const {
+  const auto path = static_cast<AttentionPath>(attention_path_);
+  return path == AttentionPath::Unfused || (path == AttentionPath::Auto && dtype == DType::F32);
+}
+
 bool CudaBackend::cudnn_attention_forward(const ops::AttentionDims& d, const Tensor& qkv, Tensor& out, Tensor& lse) {
-  if (static_cast<AttentionPath>(attention_path_) == AttentionPath::Unfused) return false;
+  if (cudnn_skipped(qkv.dtype())) return false;
   const cuda::SdpaShape s{d.B, d.T, d.H, d.D, qkv.dtype()};
   std::string why = cudnn_blocker(s, false, {&out});
   if (why.empty()) {
@@ -535,7 +567,7 @@ bool CudaBackend::cudnn_attention_forward(const ops::AttentionDims& d, const Ten
 
 bool CudaBackend::cudnn_attention_backward(const ops::AttentionDims& d, const Tensor& dout, const Tensor& qkv,
                                            const Tensor& out, const Tensor& lse, Tensor& dqkv) {
-  if (static_cast<AttentionPath>(attention_path_) == AttentionPath::Unfused) return false;
+  if (cudnn_skipped(qkv.dtype())) return false;
   const cuda::SdpaShape s{d.B, d.T, d.H, d.D, qkv.dtype()};
   std::string why = cudnn_blocker(s, true, {&out, &dout, &dqkv});
   if (why.empty()) {

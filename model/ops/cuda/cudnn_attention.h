@@ -55,9 +55,11 @@ class CudnnAttention {
   struct Plan;
 
  private:
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool>;
   Plan& plan(const SdpaShape& s, bool backward);
   void* handle_ = nullptr;  // cudnnHandle_t
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool>, std::unique_ptr<Plan>> plans_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, std::string> rejected_;  // shapes cuDNN refused, and why: never built again
 };
 
 }  // namespace gpt::cuda
