@@ -1,4 +1,5 @@
-// Test-only reference: the CPU backend's materialised attention (see materialized_attention.h). Work is
+// Test-only reference: the CPU backend's materialised attention (see materialized_attention.h), compiled
+// as it was in the backend (row kernels dispatched per instruction set), so benchmarks against it are fair. Work is
 // cut into blocks of kBlock query rows that skip the masked upper triangle except for the diagonal
 // blocks; products are single-threaded oneDNN matmuls issued from OpenMP loops.
 //
@@ -11,6 +12,7 @@
 #include <limits>
 #include <memory>
 
+#include "model/ops/cpu/cpu_dispatch.h"
 #include "model/ops/cpu/cpu_math.h"
 #include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
@@ -43,7 +45,7 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
 }
 
 // Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
-void causal_softmax_row(float* row, int64_t i, int64_t T) {
+GPT_CPU_KERNEL void causal_softmax_row(float* row, int64_t i, int64_t T) {
   float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
@@ -62,7 +64,7 @@ void causal_softmax_row(float* row, int64_t i, int64_t T) {
 
 // Row i of dP (in place) becomes scale * dS = scale * P * (dP - rowsum(P * dP)) over its causal columns
 // 0..i; the masked rest of the diagonal block (up to i1) becomes zero.
-void softmax_backward_row(const float* pr, float* sr, int64_t i, int64_t i1, float scale) {
+GPT_CPU_KERNEL void softmax_backward_row(const float* pr, float* sr, int64_t i, int64_t i1, float scale) {
   float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
   for (int64_t j = 0; j <= i; ++j) dot += pr[j] * sr[j];

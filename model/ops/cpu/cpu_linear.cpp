@@ -159,8 +159,8 @@ std::string CpuBackend::details() const {
 
 std::string CpuBackend::dtype_warning(DType compute) const {
   if (compute != DType::BF16 || cpu::matmul_has_native_bf16()) return {};
-  return "this CPU has no bf16 matrix instructions (oneDNN runs " + cpu::matmul_isa() +
-         "), so bf16 products run on fp32 copies of their operands and are slower than fp32; use "
+  return "this CPU has no bf16 dot-product instructions (oneDNN runs " + cpu::matmul_isa() +
+         "), so bf16 products are emulated or run on fp32 copies and are slower than fp32; use "
          "precision.dtype=fp32 here";
 }
 

@@ -4,7 +4,8 @@
 // Products take fp32 or bf16 operands, always accumulate in fp32 and write fp32 or bf16 (rounded once):
 // C = alpha * op(A) . op(B) (+ bias broadcast over rows) (+ beta * C). Primitives are created once per shape, dtype, transpose,
 // leading dimensions and epilogue, and cached, so a training step creates none after its first.
-// A bf16 product that this oneDNN cannot run on this CPU falls back to fp32 copies of the operands.
+// A bf16 product that this oneDNN cannot run on this CPU (AVX2 and older) runs on fp32 copies of its
+// operands.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -31,8 +32,8 @@ void matmul(const MatmulShape& s, const void* A, const void* B, void* C, const f
 // The instruction set oneDNN dispatches to on this machine, e.g. "avx512_core_bf16" (for logs and
 // benchmark tables), and the library version.
 std::string matmul_isa();
-// Whether bf16 products run natively here (else on fp32 copies of their operands, several times slower
-// than fp32 itself: CPUs without AVX512-BF16 or AMX).
+// Whether bf16 products run natively here: AVX512-BF16 or AMX. Elsewhere oneDNN emulates them (AVX-512) or
+// they run on fp32 copies (AVX2), slower than fp32 itself.
 bool matmul_has_native_bf16();
 std::string matmul_library_version();
 

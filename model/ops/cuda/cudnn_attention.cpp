@@ -300,6 +300,19 @@ struct Layout {
   }
 };
 
+// Scores [B, H, T, T] with the causal mask applied: row >= col keeps the score, the rest become `neginf`.
+cudnnBackendDescriptor_t causal_mask(GraphBuilder& g, const Layout& L, cudnnBackendDescriptor_t scores,
+                                     cudnnBackendDescriptor_t neginf) {
+  auto row = g.virt(CUDNN_DATA_INT32, L.bhtt, L.sxs), col = g.virt(CUDNN_DATA_INT32, L.bhtt, L.sxs);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, row, nullptr, nullptr, CUDNN_DATA_FLOAT, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, col, nullptr, nullptr, CUDNN_DATA_FLOAT, 3);
+  auto keep = g.virt(CUDNN_DATA_BOOLEAN, L.bhtt, L.sxs);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, keep, col, nullptr, CUDNN_DATA_BOOLEAN);
+  auto masked = g.virt(CUDNN_DATA_FLOAT, L.bhtt, L.sxs);
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, masked, neginf, keep);  // keep ? scores : neginf
+  return masked;
+}
+
 std::unique_ptr<CudnnAttention::Plan> build_forward(cudnnHandle_t handle, const SdpaShape& s) {
   const Layout L(s);
   const cudnnDataType_t io = cudnn_type(s.dtype), f32 = CUDNN_DATA_FLOAT;
@@ -311,13 +324,7 @@ std::unique_ptr<CudnnAttention::Plan> build_forward(cudnnHandle_t handle, const 
   g.matmul(q, kt, S);
   auto S1 = g.virt(f32, L.bhtt, L.sxs);
   g.pointwise(CUDNN_POINTWISE_MUL, S, S1, scale);
-  auto row = g.virt(CUDNN_DATA_INT32, L.bhtt, L.sxs), col = g.virt(CUDNN_DATA_INT32, L.bhtt, L.sxs);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, S1, row, nullptr, nullptr, f32, 2);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, S1, col, nullptr, nullptr, f32, 3);
-  auto keep = g.virt(CUDNN_DATA_BOOLEAN, L.bhtt, L.sxs);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, keep, col, nullptr, CUDNN_DATA_BOOLEAN);
-  auto S2 = g.virt(f32, L.bhtt, L.sxs);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, S1, S2, neginf, keep);
+  auto S2 = causal_mask(g, L, S1, neginf);
   auto M = g.virt(f32, L.bht1, L.row_stats);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, S2, M);
   auto S3 = g.virt(f32, L.bhtt, L.sxs);
@@ -367,13 +374,7 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
   g.pointwise(CUDNN_POINTWISE_MUL, S, S1, scale);
   auto S2 = g.virt(f32, L.bhtt, L.sxs);
   g.pointwise(CUDNN_POINTWISE_SUB, S1, S2, stats);
-  auto row = g.virt(CUDNN_DATA_INT32, L.bhtt, L.sxs), col = g.virt(CUDNN_DATA_INT32, L.bhtt, L.sxs);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, S2, row, nullptr, nullptr, f32, 2);
-  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, S2, col, nullptr, nullptr, f32, 3);
-  auto keep = g.virt(CUDNN_DATA_BOOLEAN, L.bhtt, L.sxs);
-  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, keep, col, nullptr, CUDNN_DATA_BOOLEAN);
-  auto S3 = g.virt(f32, L.bhtt, L.sxs);
-  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, S2, S3, neginf, keep);
+  auto S3 = causal_mask(g, L, S2, neginf);
   auto P = g.virt(f32, L.bhtt, L.sxs);
   g.pointwise(CUDNN_POINTWISE_EXP, S3, P);
 
