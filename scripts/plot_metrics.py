@@ -79,11 +79,11 @@ def main(argv=None):
     ppl_ax = None
     for split, table in sorted(evals.items()):
         its, losses = series(table, "loss")
-        ax.plot(its, losses, "o-", label=f"{split} loss", ms=4)
+        (line,) = ax.plot(its, losses, "o-", label=f"{split} loss", ms=4)
         its, ppl = series(table, "perplexity")
-        if its:
+        if its:  # the split's perplexity in its loss line's colour, on a second axis
             ppl_ax = ppl_ax or ax.twinx()
-            ppl_ax.plot(its, ppl, "x--", label=f"{split} perplexity", ms=4, alpha=0.6)
+            ppl_ax.plot(its, ppl, "x--", label=f"{split} perplexity", ms=4, alpha=0.6, color=line.get_color())
     ax.set_ylabel("loss")
     ax.legend(loc="upper right")
     if ppl_ax:

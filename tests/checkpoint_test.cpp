@@ -88,6 +88,18 @@ TEST(ShardRuns, Crc32MatchesTheStandardCheckValue) {
 
 // ---- metadata ----
 
+// The resume check compares what the model is, not how it runs: a checkpoint saved before
+// model.attention_backend existed, or under another attention path, resumes; a changed shape does not.
+TEST(CheckpointMeta, AttentionBackendIsNotPartOfTheModelMatch) {
+  const std::string saved = "model:\n  num_layers: 2\n  hidden_size: 64\n";
+  EXPECT_TRUE(model_config_differences(saved, saved + "  attention_backend: cudnn\n").empty());
+  EXPECT_TRUE(model_config_differences(saved + "  attention_backend: unfused\n", saved + "  attention_backend: auto\n")
+                  .empty());
+  const auto diff = model_config_differences(saved, "model:\n  num_layers: 3\n  hidden_size: 64\n");
+  ASSERT_EQ(diff.size(), 1u);
+  EXPECT_NE(diff[0].find("model.num_layers"), std::string::npos) << diff[0];
+}
+
 TEST(CheckpointMeta, YamlRoundTrip) {
   CheckpointMeta m;
   m.iteration = 42;
