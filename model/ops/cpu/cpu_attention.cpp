@@ -35,28 +35,6 @@ constexpr int64_t kQueryRows = 128;
 constexpr int64_t kKeyRows = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// A packed tensor as product operands: bf16 bits when the products run in bf16, else fp32 (a 16-bit tensor
-// of another kind, or a dtype that differs from the products', is converted whole).
-class Packed {
- public:
-  Packed(const Tensor& t, bool bf16, const char* op, const char* arg) : type_(bf16 ? MatType::BF16 : MatType::F32) {
-    if (bf16) {
-      bf16_.emplace(t, op, arg);
-    } else {
-      f32_.emplace(t, op, arg);
-    }
-  }
-  MatType type() const { return type_; }
-  const void* at(int64_t element) const {
-    return bf16_ ? static_cast<const void*>(bf16_->get() + element) : static_cast<const void*>(f32_->get() + element);
-  }
-
- private:
-  MatType type_;
-  std::optional<Bf16Input> bf16_;
-  std::optional<F32Input> f32_;
-};
-
 // One thread's block product: C[M, N] (ldc) = alpha op(A) op(B) + beta C, A and B of type `t`, C fp32.
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, MatType t, const void* A, int64_t lda,
              const void* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -153,8 +131,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int6
                                    Tensor& lse) {
   const char* op = "attention_forward";
   const ops::AttentionDims d = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
-  const Packed x(qkv, bf16_products(qkv), op, "qkv");
-  const MatType t = x.type();
+  const ProductOperand x(qkv, bf16_products(qkv), op, "qkv");
+  const MatType t = x.bf16() ? MatType::BF16 : MatType::F32;
   float* lsep = lse.f32();
   const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
   const int64_t nblk = (T + kQueryRows - 1) / kQueryRows;
@@ -206,8 +184,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   require_float(dqkv, op, "dqkv");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   const bool bf16 = bf16_products(qkv);
-  const Packed x(qkv, bf16, op, "qkv"), dO(dout, bf16, op, "dout");
-  const MatType t = x.type();
+  const ProductOperand x(qkv, bf16, op, "qkv"), dO(dout, bf16, op, "dout");
+  const MatType t = bf16 ? MatType::BF16 : MatType::F32;
   const float* lsep = lse.f32();
   const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));

@@ -21,24 +21,6 @@ namespace {
 // The layer's products run in bf16 when its weights are bf16.
 bool use_bf16_gemm(const Tensor& w) { return w.dtype() == DType::BF16; }
 
-// A GEMM operand read once in the precision the products use: bf16 bits or an fp32 view.
-class Operand {
- public:
-  Operand(const Tensor& t, bool bf16, const char* op, const char* arg) {
-    if (bf16) {
-      bf16_.emplace(t, op, arg);
-    } else {
-      f32_.emplace(t, op, arg);
-    }
-  }
-  const uint16_t* bf16() const { return bf16_ ? bf16_->get() : nullptr; }
-  const float* f32() const { return f32_->get(); }
-
- private:
-  std::optional<Bf16Input> bf16_;
-  std::optional<F32Input> f32_;
-};
-
 // Where a product writes: fp32, or a bf16 tensor directly.
 struct Destination {
   void* ptr;
@@ -70,8 +52,8 @@ class Output {
 
 // Row-major C[M,N] = op(A)[M,K] . op(B)[K,N] (+ bias) + beta * C over dense operands (leading dimensions
 // follow from the shapes).
-void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Operand& a, const Operand& b,
-             float beta, Destination c, const float* bias = nullptr) {
+void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const ProductOperand& a,
+             const ProductOperand& b, float beta, Destination c, const float* bias = nullptr) {
   MatmulShape s;
   s.trans_a = trans_a, s.trans_b = trans_b;
   s.M = M, s.N = N, s.K = K;
@@ -80,8 +62,7 @@ void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const 
   s.c = c.type;
   s.beta = beta;
   s.bias = bias != nullptr;
-  matmul(s, a.bf16() ? static_cast<const void*>(a.bf16()) : a.f32(),
-         b.bf16() ? static_cast<const void*>(b.bf16()) : b.f32(), c.ptr, bias);
+  matmul(s, a.at(), b.at(), c.ptr, bias);
 }
 
 }  // namespace
@@ -91,7 +72,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
   require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
   const bool bf16 = use_bf16_gemm(w);
-  const Operand xo(x, bf16, op, "x"), wo(w, bf16, op, "w");
+  const ProductOperand xo(x, bf16, op, "x"), wo(w, bf16, op, "w");
   Output yo(y, bf16, op, "y");
   std::optional<F32Input> bias;
   if (b) {
@@ -110,12 +91,12 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
   require_numel(dy, d.rows * d.out, op, "dy", out_shape);
   require_numel(dw, d.out * d.in, op, "dw", "w's shape " + shape_str(w.shape()));
   const bool bf16 = use_bf16_gemm(w);
-  const Operand dyo(dy, bf16, op, "dy"), xo(x, bf16, op, "x");
+  const ProductOperand dyo(dy, bf16, op, "dy"), xo(x, bf16, op, "x");
   const bool work = d.rows > 0 && d.in > 0 && d.out > 0;
 
   if (dx) {
     require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
-    const Operand wo(w, bf16, op, "w");
+    const ProductOperand wo(w, bf16, op, "w");
     Output dxo(*dx, bf16, op, "dx");
     product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxo.dest());  // d.out = 0: zeros
     dxo.commit();

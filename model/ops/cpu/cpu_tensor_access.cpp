@@ -169,6 +169,14 @@ Bf16Input::Bf16Input(const Tensor& t, const char* op, const char* arg) {
   ptr_ = scratch_->as<uint16_t>();
 }
 
+ProductOperand::ProductOperand(const Tensor& t, bool bf16, const char* op, const char* arg) {
+  if (bf16) {
+    bf16_.emplace(t, op, arg);
+  } else {
+    f32_.emplace(t, op, arg);
+  }
+}
+
 F32Output::F32Output(Tensor& t, bool load, const char* op, const char* arg) : tensor_(t) {
   require_float(t, op, arg);
   if (t.dtype() == DType::F32) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,22 @@ class Bf16Input {
  private:
   std::unique_ptr<ScratchBuffer> scratch_;
   const uint16_t* ptr_ = nullptr;
+};
+
+// A matrix-product operand read once in the precision the products use: bf16 bits (a BF16 tensor in place,
+// any other float tensor rounded into a copy) or fp32 (an F32 tensor in place, a 16-bit one converted).
+class ProductOperand {
+ public:
+  ProductOperand(const Tensor& t, bool bf16, const char* op, const char* arg);
+  bool bf16() const { return bf16_.has_value(); }
+  // The operand's data from element `element` on (bf16 bits or fp32, as bf16() says).
+  const void* at(int64_t element = 0) const {
+    return bf16_ ? static_cast<const void*>(bf16_->get() + element) : static_cast<const void*>(f32_->get() + element);
+  }
+
+ private:
+  std::optional<Bf16Input> bf16_;
+  std::optional<F32Input> f32_;
 };
 
 // Writable fp32 view of a float tensor. For a 16-bit tensor the kernel writes a scratch buffer and
