@@ -4,7 +4,8 @@
 # (ONEDNN_MAX_CPU_ISA) gives the same per-step losses: fp32 within 1e-5 relative (only the summation order
 # of the products changes), bf16 within the tolerance bf16 training is held to against fp32
 # (tests/precision_test.cpp: 5% + 0.02). Levels the CPU lacks fall back to what it has, which still
-# exercises the cap. Usage: isa_dispatch_test.sh GPT_TRAIN SRC_DIR
+# exercises the cap. Capped at AVX2, bf16 runs must warn that fp32 is faster there. Usage:
+# isa_dispatch_test.sh GPT_TRAIN SRC_DIR
 source "$(dirname "$0")/cli_test_lib.sh"
 
 run() {  # run <dtype> <isa or "">: writes $TMP/<dtype>-<isa>.jsonl
@@ -20,6 +21,14 @@ for dtype in fp32 bf16; do
   for isa in "" AVX2 AVX512_CORE; do run "$dtype" "$isa"; done
 done
 [ $fail -eq 0 ] || exit 1
+# Capped at AVX2 (no bf16 dot products on any CPU) a bf16 run says at start-up that fp32 is faster here,
+# and names the instruction set; fp32 runs carry no such warning.
+if grep -q "precision.dtype=bf16: this CPU has no bf16 dot-product instructions (oneDNN runs avx2)" \
+     "$TMP/bf16-AVX2.log" && ! grep -q "bf16 dot-product" "$TMP/fp32-AVX2.log"; then
+  echo "ok: bf16 capped at AVX2 warns that fp32 is faster here"
+else
+  echo "FAIL: no bf16 warning when capped at AVX2 (or one in an fp32 run)"; grep -i warn "$TMP/bf16-AVX2.log"; fail=1
+fi
 
 /usr/bin/python3 - "$TMP" <<'PY' || fail=1
 import json, sys

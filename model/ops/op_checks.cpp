@@ -48,6 +48,16 @@ LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, con
   return {in == 0 ? 0 : x.numel() / in, in, out};
 }
 
+int64_t check_elementwise(const OpChecks& c, const char* op, std::initializer_list<NamedTensor> args) {
+  for (const NamedTensor& a : args) c.require_float(a.tensor, op, a.name);
+  const NamedTensor& first = *args.begin();
+  for (const NamedTensor& a : args)
+    c.require(a.tensor.numel() == first.tensor.numel(), op,
+              std::string(first.name) + " " + describe(first.tensor) + " and " + a.name + " " + describe(a.tensor) +
+                  " differ in element count");
+  return first.tensor.numel();
+}
+
 AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                               int64_t T, int64_t H, int64_t D, const char* op) {
   c.require(B > 0 && T > 0 && H > 0 && D > 0, op,

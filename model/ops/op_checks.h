@@ -4,6 +4,7 @@
 // embedding, cross-entropy shapes) return the dimensions the kernels need.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "model/tensor.h"
@@ -28,6 +29,13 @@ struct OpChecks {
   // Exactly `numel` elements; `what` describes the expected shape for the message.
   void require_numel(const Tensor& t, int64_t numel, const char* op, const char* arg, const std::string& what) const;
 };
+
+// element-wise ops: every tensor of a float dtype, each with the first one's element count (returned).
+struct NamedTensor {
+  const Tensor& tensor;
+  const char* name;
+};
+int64_t check_elementwise(const OpChecks& c, const char* op, std::initializer_list<NamedTensor> args);
 
 // linear: x [rows, in] against w [out, in].
 struct LinearDims {

@@ -23,11 +23,14 @@ using namespace cpu;
 
 namespace {
 
-struct Dims {
-  int64_t B, T, H, D;
-  int64_t qkv_ld() const { return 3 * H * D; }
-  int64_t out_ld() const { return H * D; }
-};
+// qkv [B*T, 3*H*D] of a float dtype and probs [B, H, T, T].
+ops::AttentionDims check(const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T, int64_t H, int64_t D,
+                         const char* op) {
+  require_float(qkv, op, "qkv");
+  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D]");
+  require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T]");
+  return {B, T, H, D};
+}
 
 constexpr int64_t kBlock = 64;
 
@@ -78,10 +81,7 @@ GPT_CPU_KERNEL void softmax_backward_row(const float* pr, float* sr, int64_t i, 
 void materialized_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
                                     Tensor& probs) {
   const char* op = "attention_forward";
-  const Dims d{B, T, H, D};
-  require_float(qkv, op, "qkv");
-  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D]");
-  require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T]");
+  const ops::AttentionDims d = check(qkv, probs, B, T, H, D, op);
   require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
   F32Input qf(qkv, op, "qkv");
   F32Output of(out, false, op, "out");
@@ -115,10 +115,7 @@ void materialized_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
 void materialized_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B,
                                      int64_t T, int64_t H, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const Dims d{B, T, H, D};
-  require_float(qkv, op, "qkv");
-  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D]");
-  require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T]");
+  const ops::AttentionDims d = check(qkv, probs, B, T, H, D, op);
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   F32Input qf(qkv, op, "qkv"), df(dout, op, "dout");

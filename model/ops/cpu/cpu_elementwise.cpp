@@ -19,11 +19,6 @@ constexpr int64_t kParallelElems = 1 << 15;
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluC = 0.044715f;
 
-void require_same_numel(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
-  require(a.numel() == b.numel(), op,
-          std::string(an) + " " + describe(a) + " and " + bn + " " + describe(b) + " differ in element count");
-}
-
 // GELU (tanh form) of n values, and its backward: dx = dy * gelu'(x).
 GPT_CPU_KERNEL void gelu_chunk(const float* xp, float* yp, int64_t n) {
 #pragma omp simd
@@ -54,9 +49,7 @@ GPT_CPU_KERNEL void add_chunk(const float* ap, const float* bp, float* outp, int
 
 void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
   const char* op = "gelu_forward";
-  require_float(x, op, "x");
-  require_float(y, op, "y");
-  require_same_numel(x, y, op, "x", "y");
+  ops::check_elementwise(kChecks, op, {{x, "x"}, {y, "y"}});
   for_each_window(x.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
     gelu_chunk(w.in(0, x, lo, len), w.out(1, y, lo, len), len);
     w.store(1, y, lo, len);
@@ -65,11 +58,7 @@ void CpuBackend::gelu_forward(const Tensor& x, Tensor& y) {
 
 void CpuBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const char* op = "gelu_backward";
-  require_float(x, op, "x");
-  require_float(dy, op, "dy");
-  require_float(dx, op, "dx");
-  require_same_numel(x, dy, op, "x", "dy");
-  require_same_numel(x, dx, op, "x", "dx");
+  ops::check_elementwise(kChecks, op, {{x, "x"}, {dy, "dy"}, {dx, "dx"}});
   for_each_window(x.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
     gelu_backward_chunk(w.in(0, x, lo, len), w.in(1, dy, lo, len), w.out(2, dx, lo, len), len);
     w.store(2, dx, lo, len);
@@ -78,11 +67,7 @@ void CpuBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "add";
-  require_float(a, op, "a");
-  require_float(b, op, "b");
-  require_float(out, op, "out");
-  require_same_numel(a, b, op, "a", "b");
-  require_same_numel(a, out, op, "a", "out");
+  ops::check_elementwise(kChecks, op, {{a, "a"}, {b, "b"}, {out, "out"}});
   for_each_window(a.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
     add_chunk(w.in(0, a, lo, len), w.in(1, b, lo, len), w.out(2, out, lo, len), len);
     w.store(2, out, lo, len);
@@ -91,9 +76,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void CpuBackend::accumulate(const Tensor& src, Tensor& dst) {
   const char* op = "accumulate";
-  require_float(src, op, "src");
-  require_float(dst, op, "dst");
-  require_same_numel(src, dst, op, "src", "dst");
+  ops::check_elementwise(kChecks, op, {{src, "src"}, {dst, "dst"}});
   for_each_window(src.numel(), kParallelElems, [&](Windows& w, int64_t lo, int64_t len) {
     float* dp = w.out(1, dst, lo, len, true);
     add_chunk(dp, w.in(0, src, lo, len), dp, len);

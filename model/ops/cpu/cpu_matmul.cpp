@@ -63,18 +63,6 @@ std::shared_ptr<Prepared> prepare(const MatmulShape& s) {
   return p;
 }
 
-// Whether the instruction set oneDNN runs has bf16 dot products (AVX512-BF16, AMX). Without them bf16
-// products are emulated (AVX-512 without BF16: 148 against 400 GFLOP/s fp32 on 2 cores) or, on AVX2, run on
-// fp32 copies; either way slower than fp32. (fp32 products on converted operands were tried on AVX-512
-// without BF16 and were no faster than the emulation: the conversions cost what the fp32 rate saves.)
-bool has_bf16_dot() {
-  static const bool yes = [] {
-    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
-  }();
-  return yes;
-}
-
 std::mutex g_cache_mu;
 std::map<Key, std::shared_ptr<Prepared>> g_cache;  // guarded by g_cache_mu
 std::atomic<int64_t> g_created{0};
@@ -180,7 +168,16 @@ std::string matmul_isa() {
   }
 }
 
-bool matmul_has_native_bf16() { return has_bf16_dot(); }
+// Without bf16 dot products (AVX512-BF16, AMX) bf16 products are emulated (AVX-512 without BF16: 148
+// against 400 GFLOP/s fp32 on 2 cores) or, on AVX2, run on fp32 copies. Running them as fp32 products on
+// converted operands was tried on AVX-512 without BF16 and was no faster than the emulation.
+bool matmul_has_native_bf16() {
+  static const bool yes = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return yes;
+}
 
 int64_t matmul_primitives_created() { return g_created.load(); }
 

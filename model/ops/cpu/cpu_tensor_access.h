@@ -63,8 +63,8 @@ void reset_scratch_peak();
 
 // fp32 windows onto pieces of float tensors, for a kernel that walks tensors piece by piece. An F32 tensor
 // is used in place. A 16-bit tensor is converted one piece at a time through a buffer that this object
-// owns (one per slot, reused from piece to piece and kept between calls), so its fp32 form never exists
-// whole. Use one object per thread; check dtypes (require_float) once before the loop.
+// owns (one per slot, grown when a larger piece comes and reused for every piece after), so its fp32 form
+// never exists whole. Use one object per thread; check dtypes (require_float) once before the loop.
 class Windows {
  public:
   static constexpr int kSlots = 4;

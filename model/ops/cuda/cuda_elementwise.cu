@@ -59,18 +59,11 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, float
   GRID_STRIDE(i, n) { ops::adamw_update(w[i], g[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2); }
 }
 
-void require_same_numel(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
-  require(a.numel() == b.numel(), op,
-          std::string(an) + " " + describe(a) + " and " + bn + " " + describe(b) + " differ in element count");
-}
-
 }  // namespace
 
 void CudaBackend::gelu_forward(const Tensor& x, Tensor& y) {
   const char* op = "gelu_forward";
-  require_float(x, op, "x");
-  require_float(y, op, "y");
-  require_same_numel(x, y, op, "x", "y");
+  ops::check_elementwise(kChecks, op, {{x, "x"}, {y, "y"}});
   const int64_t n = x.numel();
   if (n == 0) return;
   gelu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(x.raw(), x.dtype(), y.raw(), y.dtype(), n);
@@ -79,11 +72,7 @@ void CudaBackend::gelu_forward(const Tensor& x, Tensor& y) {
 
 void CudaBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   const char* op = "gelu_backward";
-  require_float(x, op, "x");
-  require_float(dy, op, "dy");
-  require_float(dx, op, "dx");
-  require_same_numel(x, dy, op, "x", "dy");
-  require_same_numel(x, dx, op, "x", "dx");
+  ops::check_elementwise(kChecks, op, {{x, "x"}, {dy, "dy"}, {dx, "dx"}});
   const int64_t n = x.numel();
   if (n == 0) return;
   gelu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(dy.raw(), dy.dtype(), x.raw(), x.dtype(),
@@ -93,11 +82,7 @@ void CudaBackend::gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "add";
-  require_float(a, op, "a");
-  require_float(b, op, "b");
-  require_float(out, op, "out");
-  require_same_numel(a, b, op, "a", "b");
-  require_same_numel(a, out, op, "a", "out");
+  ops::check_elementwise(kChecks, op, {{a, "a"}, {b, "b"}, {out, "out"}});
   const int64_t n = a.numel();
   if (n == 0) return;
   add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(a.raw(), a.dtype(), b.raw(), b.dtype(), out.raw(),
@@ -107,9 +92,7 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void CudaBackend::accumulate(const Tensor& src, Tensor& dst) {
   const char* op = "accumulate";
-  require_float(src, op, "src");
-  require_float(dst, op, "dst");
-  require_same_numel(src, dst, op, "src", "dst");
+  ops::check_elementwise(kChecks, op, {{src, "src"}, {dst, "dst"}});
   const int64_t n = src.numel();
   if (n == 0) return;
   add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(dst.raw(), dst.dtype(), src.raw(), src.dtype(),
