@@ -57,6 +57,8 @@ const std::vector<Subcommand>& subcommands() {
       {"config", "load and validate a config; --dump prints every key with its value"},
       {"plan", "rank parallel layouts for a config on N GPUs by predicted step time and memory (--gpus N)"},
       {"convert", "export a checkpoint to Hugging Face GPT-2 safetensors, or import one"},
+      {"generate", "sample text from a checkpoint on one rank (--load DIR [--prompt TEXT] [--max-new-tokens N] "
+                   "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--num-samples N])"},
   };
   return list;
 }

@@ -70,13 +70,9 @@ std::string fit_eval_batch(Config& cfg, int world) {
       gb, mb, dp, best_gb, best_mb, best_gb, gb);
 }
 
-// eval --load DIR without --config: the config the checkpoint was saved with (metadata.yaml keeps the
-// saving run's whole config: model, tokenizer, data), on a layout that fits any world size (tensor,
-// pipeline and virtual pipeline 1, data parallel over every rank, no checkpoint saving, evaluation
-// batches fitted to the world size unless --set chooses them), with the command line's --set applied
-// last. The same on every rank; `note` receives what fitting the batch changed.
-Config config_from_checkpoint(const ParsedArgs& args, int world, std::string& note) {
-  const std::string path = args.get("load");
+}  // namespace
+
+Config config_of_checkpoint(const std::string& path, const std::vector<std::string>& extra_sets) {
   try {
     const std::string dir = resolve_checkpoint(path);
     if (dir.empty())
@@ -88,16 +84,31 @@ Config config_from_checkpoint(const ParsedArgs& args, int world, std::string& no
                                      "parallel.sequence_parallel=false", "parallel.distributed_optimizer=false",
                                      "checkpoint.dir=",            "checkpoint.save_interval=0",
                                      "checkpoint.finetune=false"};
-    sets.insert(sets.end(), args.sets.begin(), args.sets.end());
-    Config cfg = load_config_string(meta.config_yaml, "checkpoint " + index, sets);
-    const bool batch_set = std::any_of(args.sets.begin(), args.sets.end(), [](const std::string& s) {
-      return s.rfind("training.micro_batch_size=", 0) == 0 || s.rfind("training.global_batch_size=", 0) == 0;
-    });
-    if (!batch_set) note = fit_eval_batch(cfg, world);
-    return cfg;
+    sets.insert(sets.end(), extra_sets.begin(), extra_sets.end());
+    return load_config_string(meta.config_yaml, "checkpoint " + index, sets);
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }
+}
+
+namespace {
+
+// eval --load DIR without --config: the checkpoint's own config (config_of_checkpoint) with the command
+// line's --set applied last, and evaluation batches fitted to the world size unless --set chooses them.
+// The same on every rank; `note` receives what fitting the batch changed.
+Config config_from_checkpoint(const ParsedArgs& args, int world, std::string& note) {
+  Config cfg = config_of_checkpoint(args.get("load"), args.sets);
+  const bool batch_set = std::any_of(args.sets.begin(), args.sets.end(), [](const std::string& s) {
+    return s.rfind("training.micro_batch_size=", 0) == 0 || s.rfind("training.global_batch_size=", 0) == 0;
+  });
+  if (!batch_set) {
+    try {
+      note = fit_eval_batch(cfg, world);
+    } catch (const std::exception& e) {
+      throw StartupError(e.what());
+    }
+  }
+  return cfg;
 }
 
 Config load_or_startup_error(const ParsedArgs& args, int world, std::string& note) {

@@ -72,6 +72,8 @@ struct DataConfig {
   std::vector<std::string> valid;
   std::string split = "969,30,1";
   std::string tokenizer = "bytes";
+  std::string vocab_file;   // gpt2: vocab.json; spm: the .model (copied into checkpoints)
+  std::string merges_file;  // gpt2: merges.txt
   std::string synthetic = "random";  // random | pattern (a repeating sequence, for memorization)
 };
 

@@ -84,6 +84,11 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_PATH_KEY(data, valid, "validation token shards; empty = split off the training data"),
       GPT_KEY(data, split, "train,valid,test weights for splitting the training data"),
       GPT_KEY(data, tokenizer, "tokenizer name"),
+      GPT_PATH_KEY(data, vocab_file,
+                   "the tokenizer's file (gpt2: vocab.json; spm: the .model), checked against the shards and copied "
+                   "into every checkpoint for `gpt-train generate`; empty = checkpoints record the tokenizer's name "
+                   "and hash only (enough for bytes)"),
+      GPT_PATH_KEY(data, merges_file, "gpt2: merges.txt, with data.vocab_file"),
       GPT_KEY(data, synthetic, "synthetic data kind when data.train is empty", "random", "pattern"),
 
       GPT_PATH_KEY(checkpoint, dir, "directory checkpoints are saved in; empty = no saving"),

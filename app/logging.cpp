@@ -18,7 +18,7 @@ namespace gpt {
 namespace {
 
 spdlog::level::level_enum parse_level(const std::string& name) {
-  if (name == "warning") return spdlog::level::warn;
+  if (name == "warn" || name == "warning") return spdlog::level::warn;
   for (int l = spdlog::level::trace; l < spdlog::level::n_levels; ++l) {
     auto level = static_cast<spdlog::level::level_enum>(l);
     if (spdlog::level::to_string_view(level) == name) return level;

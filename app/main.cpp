@@ -15,6 +15,7 @@
 #include "app/commands.h"
 #include "app/config.h"
 #include "app/convert.h"
+#include "app/generate.h"
 #include "app/plan.h"
 #include "app/prep.h"
 
@@ -62,7 +63,30 @@ int main(int argc, char** argv) {
   const int rank = world_rank();
   int rc = 0;
   try {
-    rc = gpt::run_distributed_command(args);
+    if (args.command == "generate") {
+      args.check_options({"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
+                          "num-samples", "backend", "tokenizer", "vocab-file", "merges-file"});
+      gpt::GenerateOptions o;
+      o.load = args.get("load");
+      o.config = args.config;
+      o.sets = args.sets;
+      o.prompt_given = args.has("prompt");
+      o.prompt = args.get("prompt");
+      o.prompt_file = args.get("prompt-file");
+      o.max_new_tokens = args.get_int("max-new-tokens", o.max_new_tokens);
+      o.temperature = args.get_double("temperature", o.temperature);
+      o.top_k = args.get_int("top-k", o.top_k);
+      o.top_p = args.get_double("top-p", o.top_p);
+      o.seed = static_cast<uint64_t>(args.get_int("seed", static_cast<int64_t>(o.seed)));
+      o.num_samples = args.get_int("num-samples", o.num_samples);
+      o.backend = args.get("backend");
+      o.tokenizer = args.get("tokenizer");
+      o.vocab_file = args.get("vocab-file");
+      o.merges_file = args.get("merges-file");
+      rc = gpt::generate_main(o);
+    } else {
+      rc = gpt::run_distributed_command(args);
+    }
   } catch (const gpt::StartupError& e) {
     // Every rank threw the same error from the same inputs.
     if (rank == 0) std::fprintf(stderr, "gpt-train: error: %s\n", e.what());

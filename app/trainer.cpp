@@ -78,6 +78,7 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
   }
   if (ps_.rank == 0 && !cfg.logging.metrics_file.empty())
     metrics_ = std::make_unique<MetricsWriter>(cfg.logging.metrics_file);
+  tokenizer_ = tokenizer_record_from_config(cfg);
 }
 
 Trainer::~Trainer() = default;

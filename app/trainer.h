@@ -15,6 +15,7 @@
 #include "model/adamw.h"
 #include "model/gpt_model.h"
 #include "model/loss_scaler.h"
+#include "parallel/checkpoint_format.h"
 #include "parallel/process_grid.h"
 
 namespace gpt {
@@ -61,6 +62,7 @@ class Trainer {
   DataParallelOptimizer& optimizer() { return *optimizer_; }
   LossScaler& loss_scaler() { return scaler_; }
   int64_t iteration() const { return iteration_; }
+  const TokenizerRecord& tokenizer() const { return tokenizer_; }
   int64_t consumed_samples() const { return consumed_; }
   void set_progress(int64_t iteration, int64_t consumed) { iteration_ = iteration, consumed_ = consumed; }
   // Distributed checkpoint (app/trainer_checkpoint.cpp): save writes checkpoint.dir/iter_NNNNNNN from every
@@ -97,6 +99,7 @@ class Trainer {
   std::string resumed_without_moments_;  // the checkpoint loaded, when it held no Adam moments
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for exit_duration_mins
   std::unique_ptr<MetricsWriter> metrics_;
+  TokenizerRecord tokenizer_;  // what checkpoints record of the data's tokenizer (trainer_checkpoint.cpp)
   // Since the last log line: steps, seconds, loss sum, skipped steps, communication seconds and bytes.
   struct Interval {
     int64_t steps = 0, skipped = 0;
@@ -107,6 +110,10 @@ class Trainer {
 };
 
 ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank);
+// The tokenizer of the configured data (empty for synthetic data): name, hash, vocabulary and end-of-
+// document id from the shards, plus data.vocab_file / data.merges_file when set, after checking that they
+// are the tokenizer the shards were made with. Throws ConfigError naming the key otherwise.
+TokenizerRecord tokenizer_record_from_config(const Config& cfg);
 // precision.dtype ("fp32", "bf16", "fp16") as a DType; ConfigError naming the key otherwise.
 DType dtype_from_name(const std::string& name);
 

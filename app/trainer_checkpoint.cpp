@@ -10,6 +10,8 @@
 #include <optional>
 
 #include "app/trainer.h"
+#include "data/shard_source.h"
+#include "data/tokenizer.h"
 #include "app/watchdog.h"
 #include "parallel/checkpoint.h"
 #include "parallel/data_parallel.h"
@@ -30,6 +32,7 @@ CheckpointModel checkpoint_model(Trainer& t) {
   m.padded_vocab = t.spec().padded_vocab;
   m.config_yaml = dump_config(t.config());
   m.save_optimizer_state = t.config().checkpoint.save_optimizer;
+  m.tokenizer = t.tokenizer();
   // Every global tensor with its global shape: a full single-rank description (no memory is allocated).
   ModelSpec full = t.spec();
   full.tp_size = 1;
@@ -41,6 +44,48 @@ CheckpointModel checkpoint_model(Trainer& t) {
 }
 
 }  // namespace
+
+TokenizerRecord tokenizer_record_from_config(const Config& cfg) {
+  TokenizerRecord r;
+  const DataConfig& d = cfg.data;
+  const std::vector<std::string>& shards = d.train.empty() ? d.valid : d.train;
+  if (shards.empty()) return r;  // synthetic data: no tokenizer
+  const ShardDataInfo info = read_shard_data_info(shards);
+  r.name = info.tokenizer;
+  r.hash = info.tokenizer_hash;
+  r.vocab_size = info.vocab_size;
+  r.eod_id = info.eod_id;
+  if (d.vocab_file.empty()) {
+    if (!d.merges_file.empty())
+      throw ConfigError("config " + cfg.source + ": data.merges_file is set but data.vocab_file is not");
+    return r;
+  }
+  if (r.name == "bytes")
+    throw ConfigError("config " + cfg.source + ": data.vocab_file " + d.vocab_file +
+                      " is set, but the data was tokenized with bytes, which has no files: remove data.vocab_file");
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    if (r.name == "gpt2") {
+      if (d.merges_file.empty())
+        throw ConfigError("config " + cfg.source + ": data.vocab_file is set for the gpt2 tokenizer but data.merges_file "
+                          "(merges.txt) is not");
+      tok = make_gpt2_tokenizer(d.vocab_file, d.merges_file);
+      r.files = {{"vocab", d.vocab_file}, {"merges", d.merges_file}};
+    } else {
+      tok = make_spm_tokenizer(d.vocab_file);
+      r.files = {{"model", d.vocab_file}};
+    }
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ConfigError("config " + cfg.source + ": data.vocab_file: " + e.what());
+  }
+  if (tok->hash() != r.hash)
+    throw ConfigError("config " + cfg.source + ": data.vocab_file " + d.vocab_file + " is " + tok->name() + "@" +
+                      tok->hash() + ", but the data was tokenized with " + r.name + "@" + r.hash +
+                      ": name the files the shards were made with");
+  return r;
+}
 
 void Trainer::save_checkpoint() {
   if (cfg_.checkpoint.dir.empty())

@@ -47,6 +47,11 @@ std::unique_ptr<Tokenizer> make_spm_tokenizer(const std::string& model_file);
 void train_spm_model(const std::vector<std::string>& sentences, int64_t vocab_size, int threads,
                      const std::string& model_file);
 
+// `bytes` as valid UTF-8: every byte sequence that is not well-formed UTF-8 (a stray continuation byte,
+// a truncated or overlong sequence, a surrogate, a code point past U+10FFFF) becomes U+FFFD, as Python's
+// bytes.decode(errors="replace") does. Decoded model output may be any bytes.
+std::string repair_utf8(std::string_view bytes);
+
 // 64-bit FNV-1a, the hash behind Tokenizer::hash(). `h` chains several buffers.
 uint64_t fnv1a64(std::string_view bytes, uint64_t h = 0xcbf29ce484222325ull);
 std::string hex64(uint64_t v);

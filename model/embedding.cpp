@@ -1,6 +1,9 @@
 // Vocab-parallel token embedding + learned positions.
 #include "model/embedding.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace gpt {
 
 GPTEmbedding::GPTEmbedding(ParameterSet& params, const EmbeddingSpec& s) {
@@ -12,11 +15,18 @@ GPTEmbedding::GPTEmbedding(ParameterSet& params, const EmbeddingSpec& s) {
   vocab_start_ = s.tp_rank * (s.padded_vocab / s.tp_size);
 }
 
-void GPTEmbedding::forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype) const {
+void GPTEmbedding::forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype,
+                           int64_t first_position) const {
   Tensor partial = ctx.backend.empty({ids.numel(), word_->value.dim(1)}, dtype);
   ctx.backend.embedding_forward(ids, word_->value, vocab_start_, partial);
+  const int64_t positions = position_->value.dim(0);
+  if (first_position < 0 || first_position + T > positions)
+    throw std::invalid_argument("embedding: positions " + std::to_string(first_position) + ".." +
+                                std::to_string(first_position + T - 1) + " are past the model's seq_length " +
+                                std::to_string(positions));
+  const Tensor table = first_position == 0 ? position_->value : position_->value.rows(first_position, positions);
   // Positions are added once, before the tp sum, so the row blocks of sequence parallelism get them too.
-  if (ctx.tp.rank() == 0) ctx.backend.add_positions(position_->value, T, partial);
+  if (ctx.tp.rank() == 0) ctx.backend.add_positions(table, T, partial);
   out = exit_tp_region(ctx, partial);
 }
 

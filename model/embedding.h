@@ -16,8 +16,10 @@ struct EmbeddingSpec {
 class GPTEmbedding {
  public:
   GPTEmbedding(ParameterSet& params, const EmbeddingSpec& spec);
-  // ids I32 [B*T] -> out: this rank's rows outside the tp region (all B*T, or a row block under SP)
-  void forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype) const;
+  // ids I32 [B*T] -> out: this rank's rows outside the tp region (all B*T, or a row block under SP).
+  // The sequences' first token is at position `first_position` (non-zero when decoding after a cache).
+  void forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tensor& out, DType dtype,
+               int64_t first_position = 0) const;
   // Accumulates the word and position embedding gradients from dout (same rows as forward's out).
   void backward(LayerContext& ctx, const Tensor& ids, const Tensor& dout, int64_t T) const;
   Parameter* word() const { return word_; }

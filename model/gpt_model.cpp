@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace gpt {
 
@@ -133,6 +134,59 @@ Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Te
   double l = head_->forward(ctx, normed, b.targets);
   if (loss) *loss = l;
   return Tensor();
+}
+
+namespace {
+void require_whole_model(const ModelChunk& chunk, const LayerContext& ctx, const char* what) {
+  if (!chunk.is_first() || !chunk.is_last() || ctx.tp.size() != 1)
+    throw std::logic_error(std::string("ModelChunk::") + what +
+                           " needs the whole model in one chunk (pipeline and tensor parallel size 1)");
+}
+}  // namespace
+
+ModelChunk::KvCache ModelChunk::make_kv_cache(Backend& backend, int64_t capacity) const {
+  if (capacity <= 0 || capacity > spec_.seq_length)
+    throw std::invalid_argument("key/value cache: capacity " + std::to_string(capacity) +
+                                " must be between 1 and seq_length " + std::to_string(spec_.seq_length));
+  KvCache cache;
+  cache.capacity = capacity;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    cache.blocks.push_back(backend.empty({capacity, 3 * spec_.hidden / spec_.tp_size}, spec_.dtype));
+  return cache;
+}
+
+Tensor ModelChunk::decode(LayerContext& ctx, const Tensor& tokens, KvCache& cache) {
+  require_whole_model(*this, ctx, "decode");
+  const int64_t n = tokens.numel();
+  if (n <= 0 || cache.length + n > cache.capacity)
+    throw std::invalid_argument("decode: " + std::to_string(n) + " new token(s) after " +
+                                std::to_string(cache.length) + " do not fit the cache of " +
+                                std::to_string(cache.capacity) + " positions");
+  Tensor x;
+  embedding_->forward(ctx, tokens, n, x, spec_.dtype, cache.length);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Tensor y;
+    BlockCache scratch;
+    const KvStep step{cache.blocks[i], cache.length};
+    blocks_[i]->forward(ctx, x, 1, n, y, scratch, Recompute::None, &step);
+    x = y;
+  }
+  cache.length += n;
+  Tensor normed;
+  LayerNorm::Cache stats;
+  final_ln_->forward(ctx, x.rows(n - 1, n), normed, stats);
+  return head_->logits(ctx, normed);
+}
+
+Tensor ModelChunk::logits(LayerContext& ctx, const Microbatch& b) {
+  require_whole_model(*this, ctx, "logits");
+  Tensor x;
+  embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
+  x = run_blocks(ctx, b, x, nullptr);
+  Tensor normed;
+  LayerNorm::Cache stats;
+  final_ln_->forward(ctx, x, normed, stats);
+  return head_->logits(ctx, normed);
 }
 
 }  // namespace gpt

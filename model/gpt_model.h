@@ -58,6 +58,21 @@ class ModelChunk {
   // Forward without caches or gradients (evaluation). Same input/output convention; *loss set on last.
   Tensor eval_forward(LayerContext& ctx, const Microbatch& batch, const Tensor& input, double* loss);
 
+  // ---- generation: the whole model in this chunk (first and last), tensor parallel size 1 ----
+  // One sequence's key/value cache: per block, the packed qkv rows [capacity, 3*hidden] of the positions
+  // decoded so far (`length` of them).
+  struct KvCache {
+    std::vector<Tensor> blocks;
+    int64_t capacity = 0, length = 0;
+  };
+  KvCache make_kv_cache(Backend& backend, int64_t capacity) const;
+  // Runs `tokens` (I32 [n]: positions cache.length .. cache.length + n - 1) through the model, appending
+  // their keys and values to the cache, and returns the F32 logits [1, padded_vocab] of the last one. Each
+  // call costs time linear in the cached length, per new token.
+  Tensor decode(LayerContext& ctx, const Tensor& tokens, KvCache& cache);
+  // F32 logits [B*T, padded_vocab] of every position of `batch` by the training forward, without a cache.
+  Tensor logits(LayerContext& ctx, const Microbatch& batch);
+
   // Pipeline size 1 keeps the head's gradient of the tied embedding in its own buffer; this adds it into
   // the embedding's gradient (the same sum a pipeline does over the embedding group).
   void reduce_tied_gradient_locally(Backend& backend);

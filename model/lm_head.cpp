@@ -39,6 +39,13 @@ double LMHeadLoss::forward(LayerContext& ctx, const Tensor& x, const Tensor& tar
   return loss_pieces(ctx, enter_tp_region(ctx, x), targets, logits, row_max, sum_exp);
 }
 
+Tensor LMHeadLoss::logits(LayerContext& ctx, const Tensor& x) const {
+  Tensor x_full = enter_tp_region(ctx, x);
+  Tensor out = ctx.backend.empty({x_full.dim(0), weight_->value.dim(0)});
+  ctx.backend.linear_forward(x_full, weight_->value, nullptr, out);
+  return out;
+}
+
 double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Tensor& targets, float grad_scale,
                                     Tensor& dx) const {
   Backend& be = ctx.backend;

@@ -19,6 +19,9 @@ class LMHeadLoss {
                           Tensor& dx) const;
   // Loss only (evaluation): no gradients touched.
   double forward(LayerContext& ctx, const Tensor& x, const Tensor& targets) const;
+  // F32 logits [N, padded vocabulary / tp] of this rank's vocabulary shard (generation); columns at or
+  // past the real vocabulary are padding.
+  Tensor logits(LayerContext& ctx, const Tensor& x) const;
 
  private:
   double loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor& targets, Tensor& logits, Tensor& row_max,

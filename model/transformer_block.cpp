@@ -29,7 +29,7 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& c,
-                               Recompute recompute) const {
+                               Recompute recompute, const KvStep* kv) const {
   Backend& be = ctx.backend;
   const int64_t D = spec_.hidden / spec_.heads;
   c.input = x;
@@ -39,7 +39,15 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   qkv_.forward(ctx, c.ln1_full, c.qkv);
   c.att = be.empty({B * T, local_heads_ * D}, x.dtype());
   c.lse = be.empty({B, local_heads_, T});
-  be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.lse);
+  if (!kv) {
+    be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.lse);
+  } else {
+    if (B != 1 || kv->past + T > kv->cache.dim(0))
+      throw std::logic_error("TransformerBlock: a cached decoding step takes one sequence within the cache");
+    Tensor slot = kv->cache.rows(kv->past, kv->past + T);
+    be.copy(c.qkv, slot);
+    be.attention_forward_last(kv->cache.rows(0, kv->past + T), 1, kv->past + T, T, local_heads_, D, c.att, c.lse);
+  }
   Tensor proj_partial;
   proj_.forward(ctx, c.att, proj_partial);
   Tensor attn_out = exit_tp_region(ctx, proj_partial);

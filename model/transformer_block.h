@@ -38,12 +38,22 @@ struct BlockCache {
 enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& name);
 
+// One decoding step against a key/value cache (generation, one sequence): `cache` [capacity, 3*H*D]
+// holds the packed qkv rows of positions 0..past-1 (their q slots unused); the step writes its own rows
+// at past.. and its queries attend to every position up to their own.
+struct KvStep {
+  Tensor cache;
+  int64_t past = 0;
+};
+
 class TransformerBlock {
  public:
   TransformerBlock(ParameterSet& params, const std::string& prefix, const BlockSpec& spec);
   // x [rows, C] -> out [rows, C]
+  // With `kv`, B must be 1 and the T rows are positions kv->past.. of a sequence whose earlier positions
+  // the cache holds.
   void forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& cache,
-               Recompute recompute = Recompute::None) const;
+               Recompute recompute = Recompute::None, const KvStep* kv = nullptr) const;
   // dout [rows, C] -> dx [rows, C]; accumulates parameter gradients; releases the cache's tensors.
   // Recomputes what `recompute` dropped, first.
   void backward(LayerContext& ctx, const Tensor& dout, int64_t B, int64_t T, BlockCache& cache, Tensor& dx,

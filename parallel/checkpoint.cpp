@@ -180,6 +180,29 @@ std::string newest_verified_checkpoint(const std::string& dir, const CheckpointM
                                     dir, list));
 }
 
+// Copies the tokenizer's source files into the staging directory's tokenizer/ (durably, before the
+// commit), and returns the record with the copies' paths relative to the checkpoint directory.
+TokenizerRecord store_tokenizer_files(const TokenizerRecord& sources, const fs::path& staging) {
+  TokenizerRecord stored = sources;
+  stored.files.clear();
+  if (sources.files.empty()) return stored;
+  fs::create_directories(staging / "tokenizer");
+  for (const auto& [role, source] : sources.files) {
+    const std::string name = "tokenizer/" + role + "_" + fs::path(source).filename().string();
+    std::string bytes;
+    try {
+      bytes = read_text_file(source);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("copying the tokenizer's " + role + " file " + source + " into the checkpoint: " +
+                               e.what());
+    }
+    write_file_durably((staging / name).string(), bytes);
+    stored.files[role] = name;
+  }
+  fsync_path((staging / "tokenizer").string());
+  return stored;
+}
+
 }  // namespace
 
 CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& m,
@@ -237,6 +260,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
       meta.padded_vocab = m.padded_vocab;
       meta.tensors = m.global_shapes;
       meta.config_yaml = m.config_yaml;
+      meta.tokenizer = store_tokenizer_files(m.tokenizer, tmp_dir);
       meta.has_optimizer_state = m.save_optimizer_state;
       for (size_t r = 0; r < entries.size(); ++r) {
         if (entries[r].empty()) continue;

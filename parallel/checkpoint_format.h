@@ -80,6 +80,17 @@ struct SavedLayout {
   bool distributed_optimizer = false;
 };
 
+// The tokenizer the run's data was made with, so `gpt-train generate` can turn text into ids and back.
+// `files` maps a role (vocab and merges for gpt2, model for spm) to a path relative to the checkpoint
+// directory (tokenizer/...); bytes needs none. Absent (empty name) for synthetic data and older indexes.
+struct TokenizerRecord {
+  std::string name;  // bytes | gpt2 | spm
+  std::string hash;  // Tokenizer::hash() of the vocabulary
+  int64_t vocab_size = 0, eod_id = -1;
+  std::map<std::string, std::string> files;
+  bool empty() const { return name.empty(); }
+};
+
 struct CheckpointMeta {
   int64_t version = 1;
   int64_t iteration = 0, consumed_samples = 0, optimizer_steps = 0;
@@ -104,6 +115,7 @@ struct CheckpointMeta {
   std::map<std::string, Shape> tensors;  // global name -> global shape (every kind shares it)
   std::vector<StoredFile> files;
   std::string config_yaml;  // dump_config() of the saving run
+  TokenizerRecord tokenizer;
 };
 
 std::string checkpoint_meta_to_yaml(const CheckpointMeta& meta);

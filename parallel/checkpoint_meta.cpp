@@ -276,6 +276,15 @@ std::string checkpoint_meta_to_yaml(const CheckpointMeta& m) {
   out << YAML::Key << "files" << YAML::Value << YAML::BeginSeq;
   for (const StoredFile& f : m.files) emit_file(out, f);
   out << YAML::EndSeq;
+  if (!m.tokenizer.empty()) {
+    const TokenizerRecord& t = m.tokenizer;
+    out << YAML::Key << "tokenizer" << YAML::Value << YAML::BeginMap << YAML::Key << "name" << YAML::Value << t.name
+        << YAML::Key << "hash" << YAML::Value << t.hash << YAML::Key << "vocab_size" << YAML::Value << t.vocab_size
+        << YAML::Key << "eod_id" << YAML::Value << t.eod_id << YAML::Key << "files" << YAML::Value << YAML::Flow
+        << YAML::BeginMap;
+    for (const auto& [role, file] : t.files) out << YAML::Key << role << YAML::Value << file;
+    out << YAML::EndMap << YAML::EndMap;
+  }
   out << YAML::Key << "config" << YAML::Value << YAML::Literal << m.config_yaml;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
@@ -357,6 +366,22 @@ CheckpointMeta checkpoint_meta_from_yaml(const std::string& text, const std::str
     m.files.push_back(std::move(f));
   }
   m.config_yaml = r.get<std::string>(root, "config");
+  if (root["tokenizer"] && !root["tokenizer"].IsNull()) {  // absent in indexes written before it was recorded
+    YAML::Node t = root["tokenizer"];
+    m.tokenizer.name = r.get<std::string>(t, "name", "tokenizer");
+    m.tokenizer.hash = r.get<std::string>(t, "hash", "tokenizer");
+    m.tokenizer.vocab_size = r.get_int(t, "vocab_size", "tokenizer", 1);
+    m.tokenizer.eod_id = r.get_int(t, "eod_id", "tokenizer", 0, m.tokenizer.vocab_size - 1, " (tokenizer.vocab_size - 1)");
+    YAML::Node files = r.child(t, "files", "tokenizer");
+    if (!files.IsMap()) throw CheckpointError(source + ": 'tokenizer.files' is not a mapping of role -> file");
+    for (const auto& kv : files) {
+      const std::string file = kv.second.as<std::string>();
+      if (file.empty() || file.front() == '/' || file.find("..") != std::string::npos)
+        throw CheckpointError(source + ": tokenizer.files." + kv.first.as<std::string>() + " '" + file +
+                              "' is not a path inside the checkpoint directory");
+      m.tokenizer.files[kv.first.as<std::string>()] = file;
+    }
+  }
   return m;
 }
 

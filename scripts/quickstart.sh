@@ -3,7 +3,8 @@
 # (Debian package `fortunes`) into HDF5 shards with `gpt-train prep`, trains the small byte-level model
 # of configs/quickstart.yaml on CPU under mpirun (2 data-parallel ranks by default, NP=... to change),
 # reports validation and test perplexity next to the corpus' unigram baseline, and draws the loss curves
-# into runs/quickstart/metrics.png (scripts/plot_metrics.py).
+# into runs/quickstart/metrics.png (scripts/plot_metrics.py), and prints a few fortunes the model writes
+# from an empty prompt (`gpt-train generate`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -30,3 +31,6 @@ if /usr/bin/python3 scripts/plot_metrics.py runs/quickstart/metrics.jsonl -o run
      --title "quickstart: $(date +%F)" >/dev/null; then
   echo "loss curves: runs/quickstart/metrics.png"
 fi
+echo "three fortunes sampled from the trained model (gpt-train generate --load runs/quickstart/checkpoints):"
+./build/gpt-train generate --load runs/quickstart/checkpoints --num-samples 3 --max-new-tokens 200 \
+  --temperature 0.8 --top-k 40 --seed "${SEED:-1}"

@@ -153,6 +153,36 @@ TEST_F(AttentionTest, Bf16StaysWithinBf16RoundingOfTheFp32Reference) {
   }
 }
 
+// Queries for the last Tq positions only (a key/value cache's decoding step) give the same rows and
+// statistics as the whole forward: Tq = 1, a partial query block, more than a block, all of T.
+TEST_F(AttentionTest, LastQueriesMatchTheWholeForward) {
+  const Dims d{2, 300, 3, 32};
+  const int64_t rows = d.B * d.T, width = d.H * d.D;
+  const Vec qkv = randn(rows * 3 * width);
+  Tensor tq = make({rows, 3 * width}, qkv), out = be->empty({rows, width}), lse = be->empty({d.B, d.H, d.T});
+  be->attention_forward(tq, d.B, d.T, d.H, d.D, out, lse);
+  const Vec full_out = host(out), full_lse = host(lse);
+  for (int64_t Tq : {int64_t{1}, int64_t{37}, int64_t{170}, d.T}) {
+    SCOPED_TRACE("Tq=" + std::to_string(Tq));
+    Tensor o = be->empty({d.B * Tq, width}), l = be->empty({d.B, d.H, Tq});
+    be->attention_forward_last(tq, d.B, d.T, Tq, d.H, d.D, o, l);
+    const Vec got_out = host(o), got_lse = host(l);
+    double err = 0;
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t t = d.T - Tq + i;
+        for (int64_t c = 0; c < width; ++c)
+          err = std::max(err, double(std::fabs(got_out[(b * Tq + i) * width + c] - full_out[(b * d.T + t) * width + c])));
+        for (int64_t h = 0; h < d.H; ++h)
+          err = std::max(err, double(std::fabs(got_lse[(b * d.H + h) * Tq + i] - full_lse[(b * d.H + h) * d.T + t])));
+      }
+    EXPECT_LE(err, 1e-5);
+  }
+  Tensor o = be->empty({d.B * 4, width}), l = be->empty({d.B, d.H, 4});
+  EXPECT_THROW(be->attention_forward_last(tq, d.B, d.T, 0, d.H, d.D, o, l), std::runtime_error);
+  EXPECT_THROW(be->attention_forward_last(tq, d.B, d.T, 5, d.H, d.D, o, l), std::runtime_error);  // out's size
+}
+
 TEST_F(AttentionTest, RejectsBadArguments) {
   Tensor qkv = be->zeros({10, 18}), out = be->empty({10, 6}), lse = be->empty({2, 2, 5});
   EXPECT_NO_THROW(be->attention_forward(qkv, 2, 5, 2, 3, out, lse));

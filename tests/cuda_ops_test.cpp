@@ -427,6 +427,14 @@ void CudaVsCpu::attention_paths(DType dt) {
       cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, D, dqkv.c);
       gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, D, dqkv.g);
       expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
+      // A key/value cache's decoding step: the last Tq query positions only (cuDNN declines, unfused runs).
+      for (int64_t Tq : {int64_t{1}, T / 3 + 1}) {
+        Pair o = empty({B * Tq, H * D}, dt), l = empty({B, H, Tq});
+        cpu->attention_forward_last(qkv.c, B, T, Tq, H, D, o.c, l.c);
+        gpu->attention_forward_last(qkv.g, B, T, Tq, H, D, o.g, l.g);
+        expect_close(l, dt == DType::F32 ? 1e-5 : 1e-2, "lse (last " + std::to_string(Tq) + ")" + at);
+        expect_close(o, tol(dt), "out (last " + std::to_string(Tq) + ")" + at);
+      }
     }
   }
   gpu->set_attention_backend("auto");

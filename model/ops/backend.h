@@ -80,8 +80,14 @@ class Backend {
   // place by strides. out [B*T, H*D]. Scores are scaled by 1/sqrt(D); token t attends to tokens 0..t.
   // lse F32 [B, H, T]: each query row's log-sum-exp of its scaled, masked scores (natural log), which
   // with qkv and out is all the backward pass needs.
-  virtual void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                 Tensor& lse) = 0;
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out, Tensor& lse) {
+    attention_forward_last(qkv, B, T, T, H, D, out, lse);
+  }
+  // The same for the last Tq positions of each sequence only (decoding with a key/value cache, where the
+  // cache holds the first T - Tq positions): query i is position T - Tq + i and attends to positions
+  // 0..T-Tq+i. The q slots of the first T - Tq rows of qkv are not read. out [B*Tq, H*D], lse F32 [B, H, Tq].
+  virtual void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D,
+                                      Tensor& out, Tensor& lse) = 0;
   // dqkv = gradient wrt qkv (overwritten); the softmax is recomputed from qkv and lse.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) = 0;

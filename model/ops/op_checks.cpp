@@ -60,18 +60,26 @@ int64_t check_elementwise(const OpChecks& c, const char* op, std::initializer_li
 
 AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                               int64_t T, int64_t H, int64_t D, const char* op) {
+  return check_attention_last(c, qkv, out, lse, B, T, T, H, D, op);
+}
+
+AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                   int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, const char* op) {
   c.require(B > 0 && T > 0 && H > 0 && D > 0, op,
             "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
                 std::to_string(H) + ", " + std::to_string(D));
-  const std::string dims =
-      "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
+  c.require(Tq > 0 && Tq <= T, op,
+            "the query positions Tq=" + std::to_string(Tq) + " must be between 1 and T=" + std::to_string(T));
+  const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                           (Tq == T ? "" : " Tq=" + std::to_string(Tq)) + " H=" + std::to_string(H) +
+                           " D=" + std::to_string(D);
   c.require_float(qkv, op, "qkv");
   c.require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
   c.require_float(out, op, "out");
-  c.require_numel(out, B * T * H * D, op, "out", "[B*T, H*D] for " + dims);
+  c.require_numel(out, B * Tq * H * D, op, "out", (Tq == T ? "[B*T, H*D] for " : "[B*Tq, H*D] for ") + dims);
   c.require_dtype(lse, DType::F32, op, "lse");
-  c.require_numel(lse, B * H * T, op, "lse", "[B, H, T] for " + dims);
-  return {B, T, H, D};
+  c.require_numel(lse, B * H * Tq, op, "lse", (Tq == T ? "[B, H, T] for " : "[B, H, Tq] for ") + dims);
+  return {B, T, H, D, Tq};
 }
 
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op) {

@@ -45,8 +45,11 @@ LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, con
 
 // attention over packed qkv [B*T, 3*H*D] with fp32 log-sum-exp statistics lse [B, H, T]; out (and dout)
 // [B*T, H*D] of a float dtype.
+// Tq: query positions per sequence, the last Tq of its T (T for training; fewer when decoding with a cache).
 struct AttentionDims {
   int64_t B, T, H, D;
+  int64_t Tq;
+  int64_t q0() const { return T - Tq; }  // position of the first query
   int64_t qkv_ld() const { return 3 * H * D; }
   int64_t out_ld() const { return H * D; }
   int64_t bh() const { return B * H; }
@@ -54,6 +57,9 @@ struct AttentionDims {
 };
 AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                               int64_t T, int64_t H, int64_t D, const char* op);
+// The same with queries only for the last Tq positions: out [B*Tq, H*D], lse [B, H, Tq], 1 <= Tq <= T.
+AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                   int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, const char* op);
 
 // layernorm: x's rows of width C (the rows are returned).
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op);

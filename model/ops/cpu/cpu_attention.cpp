@@ -127,50 +127,53 @@ bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16; }
 
 }  // namespace
 
-void CpuBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                   Tensor& lse) {
+void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D,
+                                        Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
+  const ops::AttentionDims d = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, D, op);
   const ProductOperand x(qkv, bf16_products(qkv), op, "qkv");
   const MatType t = x.bf16() ? MatType::BF16 : MatType::F32;
   float* lsep = lse.f32();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
-  const int64_t nblk = (T + kQueryRows - 1) / kQueryRows;
+  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), q0 = d.q0();
+  const int64_t nblk = (Tq + kQueryRows - 1) / kQueryRows;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
 
   // One task per (sequence, head, query block); later blocks see more keys and cost more, so they are
-  // handed out dynamically.
-  const bool threaded = B * H * T * T * D > (1 << 16);  // tiny problems are not worth waking threads for
+  // handed out dynamically. Query row i is position q0 + i.
+  const bool threaded = B * H * Tq * T * D > (1 << 16);  // tiny problems are not worth waking threads for
+  // Scratch sized to the call: a decoding step (Tq = 1) needs one score row, not a whole block.
+  const int64_t rows = std::min(kQueryRows, Tq), cols = std::min(kKeyRows, T);
 #pragma omp parallel if (threaded)
   {
-    std::vector<float> s(kQueryRows * kKeyRows), o(kQueryRows * D), m(kQueryRows), l(kQueryRows);
-    std::vector<uint16_t> p16(t == MatType::BF16 ? kQueryRows * kKeyRows : 0);
+    std::vector<float> s(rows * cols), o(rows * D), m(rows), l(rows);
+    std::vector<uint16_t> p16(t == MatType::BF16 ? rows * cols : 0);
     Windows w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * H * nblk; ++task) {
       const int64_t bh = task / nblk, blk = task % nblk;
       const int64_t b = bh / H, h = bh % H;
       const int64_t q = b * T * ld + h * D, k = q + H * D, v = k + H * D;  // element offsets of row 0
-      const int64_t i0 = blk * kQueryRows, nr = std::min(T, i0 + kQueryRows) - i0;
+      const int64_t i0 = blk * kQueryRows, nr = std::min(Tq, i0 + kQueryRows) - i0;
+      const int64_t p0 = q0 + i0;  // position of the block's first query
       std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t j0 = 0; j0 < i0 + nr; j0 += kKeyRows) {
-        const int64_t nc = std::min(kKeyRows, i0 + nr - j0);  // keys past the block's last query are masked
-        product(false, true, nr, nc, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nc);
+      for (int64_t j0 = 0; j0 < p0 + nr; j0 += kKeyRows) {
+        const int64_t nc = std::min(kKeyRows, p0 + nr - j0);  // keys past the block's last query are masked
+        product(false, true, nr, nc, D, scale, t, x.at(q + p0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nc);
         for (int64_t r = 0; r < nr; ++r) {
           const float alpha =
-              online_softmax_row(s.data() + r * nc, causal_columns(i0 + r, j0, nc), nc, &m[r], &l[r]);
+              online_softmax_row(s.data() + r * nc, causal_columns(p0 + r, j0, nc), nc, &m[r], &l[r]);
           if (alpha != 1.f) scale_row(o.data() + r * D, D, alpha);
         }
         product(false, false, nr, D, nc, 1.f, t, as_operand(s.data(), nr * nc, t, p16), nc, x.at(v + j0 * ld), ld,
                 1.f, o.data(), D);
       }
       for (int64_t r = 0; r < nr; ++r) {
-        lsep[bh * T + i0 + r] = m[r] + std::log(l[r]);
+        lsep[bh * Tq + i0 + r] = m[r] + std::log(l[r]);
         l[r] = 1.f / l[r];
       }
-      store_rows(o.data(), nr, D, l.data(), out, (b * T + i0) * ldo + h * D, ldo, w);
+      store_rows(o.data(), nr, D, l.data(), out, (b * Tq + i0) * ldo + h * D, ldo, w);
     }
   }
 }

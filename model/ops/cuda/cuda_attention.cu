@@ -26,14 +26,15 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // softmax kernels: one warp per score row
 
-// In place on s [rows = H*T, T] holding one sequence's scaled scores: row r (query q = r % T) becomes
-// softmax(s[0..q]) followed by zeros; lse[r] gets the row's log-sum-exp. Also writes the probabilities
-// rounded to `pd` into p when p is non-null.
-__global__ void causal_softmax_kernel(float* s, void* p, DType pd, float* lse, int64_t rows, int64_t T) {
+// In place on s [rows = H*Tq, T] holding one sequence's scaled scores for its last Tq positions: row r
+// (query position q = q0 + r % Tq) becomes softmax(s[0..q]) followed by zeros; lse[r] gets the row's
+// log-sum-exp. Also writes the probabilities rounded to `pd` into p when p is non-null.
+__global__ void causal_softmax_kernel(float* s, void* p, DType pd, float* lse, int64_t rows, int64_t Tq, int64_t T,
+                                      int64_t q0) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // whole warp
-  const int64_t q = row % T;
+  const int64_t q = q0 + row % Tq;
   float* r = s + row * T;
   const float neg_inf = -__int_as_float(0x7f800000);
   // Online max and sum of exponentials over this lane's share of columns 0..q.
@@ -121,15 +122,15 @@ char* at(Tensor& t, int64_t e) { return static_cast<char*>(t.raw()) + e * dtype_
 
 }  // namespace
 
-void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                    Tensor& lse) {
+void CudaBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D,
+                                         Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
-  if (cudnn_attention_forward(s, qkv, out, lse)) return;
+  const ops::AttentionDims s = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, D, op);
+  if (Tq == T && cudnn_attention_forward(s, qkv, out, lse)) return;  // cuDNN's graph: whole sequences only
   const DType X = qkv.dtype();
   require_product_output(out, X, op, "out");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T;
+  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * Tq, q0 = s.q0();
   // One sequence's heads as a strided batch: head h's matrix starts h * D elements after the sequence's
   // first row, with the packed tensor's leading dimension.
   const auto heads = [&] {
@@ -138,28 +139,28 @@ void CudaBackend::attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
     return g;
   };
 
-  Tensor scores = empty({H, T, T});  // one sequence at a time
-  Tensor p16;                        // P rounded to the activation dtype for the P V product
-  if (X != DType::F32) p16 = empty({H, T, T}, X);
+  Tensor scores = empty({H, Tq, T});  // one sequence at a time
+  Tensor p16;                         // P rounded to the activation dtype for the P V product
+  if (X != DType::F32) p16 = empty({H, Tq, T}, X);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q = b * T * ld, k = q + H * D, v = k + H * D;
-    GemmArgs g = heads();  // S = scale * Q K^T, fp32
-    g.m = T, g.n = T, g.k = D;
-    g.a = at(qkv, q), g.lda = ld, g.stride_a = D;
+    GemmArgs g = heads();  // S = scale * Q K^T, fp32, for the query rows q0..T-1
+    g.m = Tq, g.n = T, g.k = D;
+    g.a = at(qkv, q + q0 * ld), g.lda = ld, g.stride_a = D;
     g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
-    g.c = scores.raw(), g.ldc = T, g.stride_c = T * T, g.c_dtype = DType::F32;
+    g.c = scores.raw(), g.ldc = T, g.stride_c = Tq * T, g.c_dtype = DType::F32;
     g.ab = X, g.alpha = scale;
     gemm(g, op);
 
     causal_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
-        scores.f32(), p16.defined() ? p16.raw() : nullptr, X, lse.f32() + b * rows, rows, T);
+        scores.f32(), p16.defined() ? p16.raw() : nullptr, X, lse.f32() + b * rows, rows, Tq, T, q0);
     check_launch(op);
 
     GemmArgs pv = heads();  // O = P V, into out's rows
-    pv.m = T, pv.n = D, pv.k = T;
-    pv.a = p16.defined() ? p16.raw() : scores.raw(), pv.lda = T, pv.stride_a = T * T;
+    pv.m = Tq, pv.n = D, pv.k = T;
+    pv.a = p16.defined() ? p16.raw() : scores.raw(), pv.lda = T, pv.stride_a = Tq * T;
     pv.b = at(qkv, v), pv.ldb = ld, pv.stride_b = D;
-    pv.c = at(out, b * T * ldo), pv.ldc = ldo, pv.stride_c = D, pv.c_dtype = out.dtype();
+    pv.c = at(out, b * Tq * ldo), pv.ldc = ldo, pv.stride_c = D, pv.c_dtype = out.dtype();
     pv.ab = X;
     gemm(pv, op);
   }

@@ -82,8 +82,8 @@ class CudaBackend final : public Backend {
   void add_positions(const Tensor& pos_table, int64_t T, Tensor& out) override;
   void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) override;
 
-  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                         Tensor& lse) override;
+  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, Tensor& out,
+                              Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                           int64_t T, int64_t H, int64_t D, Tensor& dqkv) override;
   // model.attention_backend: auto (cuDNN's fused attention where it takes the shape, else the unfused
