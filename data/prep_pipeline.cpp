@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "data/document_reader.h"
+#include "data/megatron_import.h"
 #include "data/shard_set_writer.h"
 
 namespace gpt {
@@ -81,6 +82,12 @@ std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* t
 
 PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepProgress&)>& progress) {
   if (opt.output_prefix.empty()) throw std::runtime_error("--output-prefix is required");
+  if (!opt.from_megatron.empty()) {
+    if (!opt.inputs.empty())
+      throw std::runtime_error("--from-megatron and --input exclude each other: convert a Megatron dataset or "
+                               "tokenize text, not both");
+    return import_megatron(opt, progress);
+  }
   std::vector<std::string> files = expand_inputs(opt.inputs);
   fs::path out_dir = fs::path(opt.output_prefix).parent_path();
   std::error_code ec;
