@@ -39,9 +39,10 @@ double to_double(const std::string& name, const std::string& v) {
 PrepOptions parse(const std::vector<std::string>& args, bool& help) {
   PrepOptions o;
   static const std::map<std::string, bool> known = {
-      {"input", true},      {"output-prefix", true}, {"tokenizer", true}, {"vocab-file", true},
-      {"merges-file", true}, {"vocab-size", true},   {"shard-tokens", true}, {"shard-mb", true},
-      {"workers", true},    {"doc-separator", true}, {"json-key", true}, {"help", false}};
+      {"input", true},      {"from-megatron", true}, {"output-prefix", true}, {"tokenizer", true},
+      {"vocab-file", true}, {"merges-file", true},   {"vocab-size", true},    {"shard-tokens", true},
+      {"shard-mb", true},   {"workers", true},       {"doc-separator", true}, {"json-key", true},
+      {"help", false}};
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i];
     if (a == "-h") a = "--help";
@@ -70,7 +71,8 @@ PrepOptions parse(const std::vector<std::string>& args, bool& help) {
       if (i + 1 >= args.size()) throw UsageError("--" + name + " needs a value");
       value = args[++i];
     }
-    if (name == "output-prefix") o.output_prefix = value;
+    if (name == "from-megatron") o.from_megatron = value;
+    else if (name == "output-prefix") o.output_prefix = value;
     else if (name == "tokenizer") o.tokenizer = value;
     else if (name == "vocab-file") o.vocab_file = value;
     else if (name == "merges-file") o.merges_file = value;
@@ -82,7 +84,9 @@ PrepOptions parse(const std::vector<std::string>& args, bool& help) {
     else if (name == "json-key") o.json_key = value;
   }
   if (help) return o;
-  if (o.inputs.empty()) throw UsageError("--input is required");
+  if (!o.from_megatron.empty() && !o.inputs.empty())
+    throw UsageError("--from-megatron and --input exclude each other: convert a Megatron dataset or tokenize text");
+  if (o.inputs.empty() && o.from_megatron.empty()) throw UsageError("--input (or --from-megatron) is required");
   if (o.output_prefix.empty()) throw UsageError("--output-prefix is required");
   if (o.shard_tokens < 0 || !(o.shard_mb > 0)) throw UsageError("--shard-tokens / --shard-mb must be positive");
   if (o.workers < 0) throw UsageError("--workers must be >= 0");
@@ -102,12 +106,16 @@ std::string human(double v) {
 
 std::string prep_usage() {
   return R"(usage: gpt-train prep --input FILE|DIR... --output-prefix P [options]
+       gpt-train prep --from-megatron PREFIX --tokenizer KIND --output-prefix P [options]
 
 Tokenizes text into HDF5 shards P_00000.h5, P_00001.h5, ... and the index P.index.json that
 data.train / data.valid name as P. An end-of-document token follows every document.
 
   --input FILE|DIR...    .jsonl/.json/.ndjson: one JSON object per line with a "text" field;
                          anything else: plain text; a directory: its regular non-binary files
+  --from-megatron PREFIX instead of --input: convert Megatron-LM's indexed dataset PREFIX.bin +
+                         PREFIX.idx, already tokenized with the --tokenizer given (its files do not
+                         say which); documents kept, end-of-document appended where missing
   --output-prefix P      output path prefix (directories are created)
   --tokenizer KIND       bytes (default; vocab 257) | gpt2 | spm
   --vocab-file F         gpt2: vocab.json; spm: an existing SentencePiece .model
@@ -155,9 +163,14 @@ int prep_main(const std::vector<std::string>& args) {
     double mbps = r.seconds > 0 ? double(r.bytes_in) / 1048576.0 / r.seconds : 0;
     if (!r.tokenizer_model.empty())
       std::printf("trained %s in %.1f s: %s\n", r.tokenizer.c_str(), r.train_seconds, r.tokenizer_model.c_str());
-    std::printf("wrote %zu shard(s), %lld documents, %lld tokens (%s, vocab %lld, eod %lld) in %.2f s: %.1f MB/s of text\n",
+    std::printf("wrote %zu shard(s), %lld documents, %lld tokens (%s, vocab %lld, eod %lld) in %.2f s: "
+                "%.1f MB/s of %s\n",
                 r.shards.size(), static_cast<long long>(r.docs), static_cast<long long>(r.tokens), r.tokenizer.c_str(),
-                static_cast<long long>(r.vocab_size), static_cast<long long>(r.eod_id), r.seconds, mbps);
+                static_cast<long long>(r.vocab_size), static_cast<long long>(r.eod_id), r.seconds, mbps,
+                opt.from_megatron.empty() ? "text" : ".bin");
+    if (!opt.from_megatron.empty())
+      std::printf("appended the end-of-document id to %lld of %lld documents (they did not end with it)\n",
+                  static_cast<long long>(r.eod_appended), static_cast<long long>(r.docs));
     if (r.skipped_empty) std::printf("skipped %lld empty documents\n", static_cast<long long>(r.skipped_empty));
     std::printf("unigram perplexity of the corpus: %.2f (the no-context baseline)\n", r.unigram_perplexity);
     std::printf("index: %s  (use data.train: [%s])\n", r.index.c_str(), opt.output_prefix.c_str());

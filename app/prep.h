@@ -1,4 +1,5 @@
-// `gpt-train prep`: turns text (plain files or JSON lines) into tokenized HDF5 shards for training.
+// `gpt-train prep`: turns text (plain files or JSON lines) into tokenized HDF5 shards for training, or
+// converts a Megatron-LM indexed dataset (already tokenized) into the same shards.
 #pragma once
 #include <string>
 #include <vector>

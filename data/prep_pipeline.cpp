@@ -7,17 +7,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "data/document_reader.h"
-#include "data/shard_set.h"
-#include "data/token_shard.h"
+#include "data/megatron_import.h"
+#include "data/shard_set_writer.h"
 
 namespace gpt {
 
@@ -55,94 +55,6 @@ std::vector<std::string> training_sentences(const PrepOptions& opt) {
   return out;
 }
 
-class ShardWriter {
- public:
-  ShardWriter(const PrepOptions& opt, const Tokenizer& tok, int64_t shard_tokens)
-      : opt_(opt), shard_tokens_(shard_tokens), counts_(size_t(tok.vocab_size()), 0) {
-    meta_.vocab_size = tok.vocab_size();
-    meta_.eod_id = tok.eod_id();
-    meta_.tokenizer = tok.name();
-    meta_.tokenizer_hash = tok.hash();
-    offsets_.push_back(0);
-  }
-
-  void add(const Batch& b) {
-    size_t pos = 0;
-    for (int64_t len : b.lengths) {
-      for (int64_t k = 0; k < len; ++k) {
-        uint32_t id = uint32_t(b.tokens[pos + k]);
-        tokens_.push_back(id);
-        ++counts_[id];
-      }
-      pos += size_t(len);
-      offsets_.push_back(tokens_.size());
-      ++docs_;
-      if (int64_t(tokens_.size()) >= shard_tokens_) flush();
-    }
-    total_tokens_ += int64_t(b.tokens.size());
-  }
-
-  void flush() {
-    if (tokens_.empty()) return;
-    std::string path = shard_file_name(opt_.output_prefix, int64_t(index_.shards.size()));
-    write_token_shard(path, tokens_, offsets_, meta_);
-    index_.shards.push_back({fs::path(path).filename().string(), int64_t(offsets_.size() - 1), int64_t(tokens_.size())});
-    paths_.push_back(path);
-    tokens_.clear();
-    offsets_.assign(1, 0);
-  }
-
-  ShardIndex finish() {
-    flush();
-    index_.tokenizer = meta_.tokenizer;
-    index_.tokenizer_hash = meta_.tokenizer_hash;
-    index_.vocab_size = meta_.vocab_size;
-    index_.eod_id = meta_.eod_id;
-    index_.num_docs = docs_;
-    index_.num_tokens = total_tokens_;
-    double h = 0;
-    for (uint64_t c : counts_)
-      if (c) {
-        double p = double(c) / double(total_tokens_);
-        h -= p * std::log(p);
-      }
-    index_.unigram_perplexity = std::exp(h);
-    return index_;
-  }
-
-  int64_t docs() const { return docs_; }
-  int64_t tokens() const { return total_tokens_; }
-  const std::vector<std::string>& paths() const { return paths_; }
-
- private:
-  const PrepOptions& opt_;
-  int64_t shard_tokens_;
-  ShardMeta meta_;
-  std::vector<uint32_t> tokens_;
-  std::vector<uint64_t> offsets_;
-  std::vector<uint64_t> counts_;
-  int64_t docs_ = 0, total_tokens_ = 0;
-  ShardIndex index_;
-  std::vector<std::string> paths_;
-};
-
-// Shards P_NNNNN.h5 left from an earlier run beyond the ones this run wrote.
-void remove_stale_shards(const std::string& prefix, size_t written) {
-  fs::path p(prefix);
-  fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  const std::string base = p.filename().string();
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.size() != base.size() + 9 || name.compare(0, base.size(), base) != 0 || name[base.size()] != '_' ||
-        name.compare(name.size() - 3, 3, ".h5") != 0)
-      continue;
-    std::string digits = name.substr(base.size() + 1, 5);
-    if (!std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-    if (size_t(std::stoll(digits)) >= written) fs::remove(e.path(), ec);
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* train_seconds,
@@ -170,18 +82,22 @@ std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* t
 
 PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepProgress&)>& progress) {
   if (opt.output_prefix.empty()) throw std::runtime_error("--output-prefix is required");
+  if (!opt.from_megatron.empty()) {
+    if (!opt.inputs.empty())
+      throw std::runtime_error("--from-megatron and --input exclude each other: convert a Megatron dataset or "
+                               "tokenize text, not both");
+    return import_megatron(opt, progress);
+  }
   std::vector<std::string> files = expand_inputs(opt.inputs);
   fs::path out_dir = fs::path(opt.output_prefix).parent_path();
   std::error_code ec;
-  if (!out_dir.empty()) fs::create_directories(out_dir, ec);
+  if (!out_dir.empty()) fs::create_directories(out_dir, ec);  // a trained SentencePiece model goes there
   fs::remove(shard_index_path(opt.output_prefix), ec);  // the old index would describe shards we overwrite
 
   PrepResult result;
   auto tokenizer = make_prep_tokenizer(opt, &result.train_seconds, &result.tokenizer_model);
   const Tokenizer& tok = *tokenizer;
-  const int64_t token_bytes = tok.vocab_size() <= 65535 ? 2 : 4;
-  const int64_t shard_tokens =
-      opt.shard_tokens > 0 ? opt.shard_tokens : std::max<int64_t>(1, int64_t(opt.shard_mb * 1048576.0) / token_bytes);
+  const int64_t shard_tokens = shard_tokens_for(opt.shard_tokens, opt.shard_mb, tok.vocab_size());
   const int workers = opt.workers > 0 ? opt.workers : int(std::max(1u, std::thread::hardware_concurrency()));
   const size_t max_in_flight = size_t(4 * workers);
 
@@ -233,8 +149,7 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
       }
     });
 
-  ShardWriter writer(opt, tok, shard_tokens);
-  ShardIndex index;
+  ShardSetWriter writer(opt.output_prefix, tok, shard_tokens);
   std::thread writer_thread([&] {
     try {
       double last_report = 0;
@@ -249,7 +164,11 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
           b = std::move(done[written_seq]);
           done.erase(written_seq);
         }
-        writer.add(*b);
+        size_t pos = 0;
+        for (int64_t len : b->lengths) {
+          writer.add(std::span<const int32_t>(b->tokens).subspan(pos, size_t(len)));
+          pos += size_t(len);
+        }
         bytes_in = b->bytes_in;
         {
           std::lock_guard<std::mutex> lock(m);
@@ -261,7 +180,6 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
           progress({writer.docs(), writer.tokens(), bytes_in, last_report, false});
         }
       }
-      index = writer.finish();
       result.bytes_in = bytes_in;
     } catch (...) {
       fail(std::current_exception());
@@ -303,16 +221,11 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
   }
   for (auto& t : pool) t.join();
   writer_thread.join();
-  if (error) {
-    // A shard being written when the failure hit leaves its .tmp behind.
-    fs::remove(shard_file_name(opt.output_prefix, int64_t(writer.paths().size())) + ".tmp", ec);
-    std::rethrow_exception(error);
-  }
+  if (error) std::rethrow_exception(error);
   if (writer.docs() == 0)
     throw std::runtime_error("no documents found in the input (" + std::to_string(files.size()) + " files, " +
                              std::to_string(result.skipped_empty) + " empty documents)");
-  write_shard_index(opt.output_prefix, index);
-  remove_stale_shards(opt.output_prefix, writer.paths().size());
+  ShardIndex index = writer.finish();
 
   result.seconds = elapsed();
   result.docs = writer.docs();

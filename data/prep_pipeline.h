@@ -3,6 +3,8 @@
 // about `shard_tokens` tokens (a shard closes at the first document boundary past that size) named
 // P_00000.h5, P_00001.h5, ... plus the index P.index.json that training reads. Every file is written
 // atomically, and the index last: a failed run leaves no index, so it cannot be trained on by mistake.
+// With `from_megatron` set, the documents come instead, already tokenized, from a Megatron-LM indexed
+// dataset (data/megatron_import.h) and go into the same kind of shards and index.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,6 +19,7 @@ namespace gpt {
 
 struct PrepOptions {
   std::vector<std::string> inputs;  // files or directories (see document_reader.h)
+  std::string from_megatron;        // or: PREFIX of a Megatron-LM PREFIX.bin + PREFIX.idx (no --input then)
   std::string output_prefix;
   std::string tokenizer = "bytes";  // bytes | gpt2 | spm
   std::string vocab_file;           // gpt2: vocab.json; spm: an existing .model (else one is trained)
@@ -38,6 +41,7 @@ struct PrepProgress {
 
 struct PrepResult {
   int64_t docs = 0, tokens = 0, bytes_in = 0, skipped_empty = 0;
+  int64_t eod_appended = 0;    // from_megatron: documents that did not end with the end-of-document id
   double seconds = 0;          // tokenize + write (SentencePiece training excluded)
   double train_seconds = 0;    // SentencePiece training, when it ran
   double unigram_perplexity = 0;

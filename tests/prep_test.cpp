@@ -1,7 +1,8 @@
 // `gpt-train prep` end to end: shards hold exactly tokenizer(doc) + EOD for every document in input
 // order (checked against the tokenizer directly), identical output for 1 and many workers, shard sizes,
 // text separators, JSON lines, directories, a SentencePiece BPE trained on the corpus, stale-shard
-// cleanup, no index after a failure, and the command line of prep_main.
+// cleanup, no index after a failure, and the command line of prep_main (with --from-megatron's
+// exclusion of --input).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -245,6 +246,16 @@ TEST(Prep, CommandLine) {
   EXPECT_EQ(prep_main({"--input", dir / "a.txt", "--output-prefix", dir / "x", "--bogus", "1"}), 2);
   EXPECT_EQ(prep_main({"--input", dir / "a.txt", "--output-prefix", dir / "x", "--workers", "two"}), 2);
   EXPECT_EQ(prep_main({"--input", dir / "nope.txt", "--output-prefix", dir / "x"}), 1);
+  // --from-megatron (tested end to end by megatron_import_test.py) excludes --input.
+  EXPECT_EQ(prep_main({"--from-megatron", dir / "m", "--input", dir / "a.txt", "--output-prefix", dir / "x"}), 2);
+  EXPECT_EQ(prep_main({"--from-megatron", dir / "m", "--output-prefix", dir / "x"}), 1);
+  PrepOptions both;
+  both.inputs = {dir / "a.txt"};
+  both.from_megatron = dir / "m";
+  both.output_prefix = dir / "x";
+  expect_runtime_error([&] { run_prep(both); }, {"--from-megatron", "--input"});
+  both.inputs.clear();
+  expect_runtime_error([&] { run_prep(both); }, {dir / "m.idx", "not found"});
   ASSERT_EQ(prep_main({"--input", dir / "a.txt", dir / "b.txt", "--output-prefix=" + (dir / "cli"), "--workers", "2",
                        "--tokenizer", "bytes", "--shard-mb", "1"}),
             0);
