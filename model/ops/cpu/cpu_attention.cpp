@@ -217,19 +217,21 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
         // Query blocks that reach key j0 or later: the block holding row j0, then every block below it.
         for (int64_t i0 = j0 / kQueryRows * kQueryRows; i0 < T; i0 += kQueryRows) {
           const int64_t nr = std::min(kQueryRows, T - i0);
-          product(false, true, nr, nc, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
-                  nc);
+          // Keys past the block's last query are masked for all its rows: the products stop before them.
+          const int64_t nk = std::min(nc, i0 + nr - j0);
+          product(false, true, nr, nk, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
+                  nk);
           for (int64_t r = 0; r < nr; ++r)
-            probabilities_row(s.data() + r * nc, causal_columns(i0 + r, j0, nc), nc, lrow[i0 + r]);
-          const void* p = as_operand(s.data(), nr * nc, t, p16);
-          product(true, false, nc, D, nr, 1.f, t, p, nc, dO.at(o + i0 * ldo), ldo, 1.f, dv.data(), D);
-          product(false, true, nr, nc, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f, dp.data(),
-                  nc);
+            probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, lrow[i0 + r]);
+          const void* p = as_operand(s.data(), nr * nk, t, p16);
+          product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dv.data(), D);
+          product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f, dp.data(),
+                  nk);
           for (int64_t r = 0; r < nr; ++r)
-            softmax_backward_row(s.data() + r * nc, dp.data() + r * nc, nc, rowdot[i0 + r]);
-          const void* ds = as_operand(dp.data(), nr * nc, t, ds16);
-          product(false, false, nr, D, nc, scale, t, ds, nc, x.at(k + j0 * ld), ld, 1.f, dq.data() + i0 * D, D);
-          product(true, false, nc, D, nr, scale, t, ds, nc, x.at(q + i0 * ld), ld, 1.f, dk.data(), D);
+            softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r]);
+          const void* ds = as_operand(dp.data(), nr * nk, t, ds16);
+          product(false, false, nr, D, nk, scale, t, ds, nk, x.at(k + j0 * ld), ld, 1.f, dq.data() + i0 * D, D);
+          product(true, false, nk, D, nr, scale, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dk.data(), D);
         }
         store_rows(dk.data(), nc, D, nullptr, dqkv, k + j0 * ld, ld, w);
         store_rows(dv.data(), nc, D, nullptr, dqkv, v + j0 * ld, ld, w);
