@@ -222,9 +222,21 @@ run_checks() {
   bench gpt2-124m   "$ROOT/configs/gpt2-124m.yaml"   16    12    110
   bench gpt2-1.3b   "$ROOT/configs/gpt2-1.3b.yaml"   8     8     220
 
+  # Generation from the 124M benchmark's checkpoint: key/value-cached decoding on the GPU.
+  local generated="not run (no checkpoint or out of time)"
+  if [ -d /tmp/gpt-bench-ckpt-gpt2-124m ] && [ "$(left)" -gt 60 ]; then
+    say "generate: gpt2-124m checkpoint on the GPU, 256 new tokens, greedy"
+    timeout 60 "$GPT_TRAIN" generate --load /tmp/gpt-bench-ckpt-gpt2-124m --backend cuda --tokenizer bytes \
+      --temperature 0 --max-new-tokens 256 >"$LOG/generate.log" 2>&1
+    local gen_rc=$?
+    generated=$(grep -oE '[0-9.]+ new token\(s\) in [0-9.]+ s: [0-9.]+ tokens/s' "$LOG/generate.log" || echo "failed (exit $gen_rc)")
+    tail -2 "$LOG/generate.log"
+  fi
+
   {
     echo
     echo "GPU tests: cuda_ops_test exit $ops_rc, nccl_test exit $nccl_rc (logs in $LOG)"
+    echo "generate (gpt2-124m, bf16, cached decoding): $generated"
     echo "MFU = (6 N + 12 L h s) * tokens/s / $PEAK  (bf16, one GPU, synthetic data)"
     printf "%-10s | %-7s | %-12s | %-9s | %-6s | %s\n" model params tokens/s TFLOP/s MFU notes
     for r in "${RESULTS[@]}"; do
