@@ -80,6 +80,20 @@ std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* t
   throw std::runtime_error("--tokenizer '" + opt.tokenizer + "' is not one of bytes, gpt2, spm");
 }
 
+void finish_prep_result(ShardSetWriter& writer, const Tokenizer& tok, const std::string& output_prefix,
+                        PrepResult& result) {
+  const ShardIndex index = writer.finish();
+  result.docs = writer.docs();
+  result.tokens = writer.tokens();
+  result.unigram_perplexity = index.unigram_perplexity;
+  result.tokenizer = tok.name();
+  result.tokenizer_hash = tok.hash();
+  result.vocab_size = tok.vocab_size();
+  result.eod_id = tok.eod_id();
+  result.shards = writer.paths();
+  result.index = shard_index_path(output_prefix);
+}
+
 PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepProgress&)>& progress) {
   if (opt.output_prefix.empty()) throw std::runtime_error("--output-prefix is required");
   if (!opt.from_megatron.empty()) {
@@ -225,18 +239,8 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
   if (writer.docs() == 0)
     throw std::runtime_error("no documents found in the input (" + std::to_string(files.size()) + " files, " +
                              std::to_string(result.skipped_empty) + " empty documents)");
-  ShardIndex index = writer.finish();
-
+  finish_prep_result(writer, tok, opt.output_prefix, result);
   result.seconds = elapsed();
-  result.docs = writer.docs();
-  result.tokens = writer.tokens();
-  result.unigram_perplexity = index.unigram_perplexity;
-  result.tokenizer = tok.name();
-  result.tokenizer_hash = tok.hash();
-  result.vocab_size = tok.vocab_size();
-  result.eod_id = tok.eod_id();
-  result.shards = writer.paths();
-  result.index = shard_index_path(opt.output_prefix);
   if (progress) progress({result.docs, result.tokens, result.bytes_in, result.seconds, true});
   return result;
 }
