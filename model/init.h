@@ -13,5 +13,9 @@ uint64_t splitmix64(uint64_t x);
 double uniform_from_key(uint64_t key);
 // Standard normal sample number `index` of the stream (seed, name).
 float counter_normal(uint64_t seed, uint64_t name_hash, int64_t index);
+// The same sample split in two, for loops over one stream: the stream's key is computed once, and
+// normal_at(normal_stream_key(seed, h), i) == counter_normal(seed, h, i) bit for bit.
+uint64_t normal_stream_key(uint64_t seed, uint64_t name_hash);
+float normal_at(uint64_t stream_key, int64_t index);
 
 }  // namespace gpt

@@ -1,6 +1,7 @@
 // ShardSpec index arithmetic, flat gradient buffers and counter-based parameter initialisation.
 #include "model/parameter.h"
 
+#include <memory>
 #include <stdexcept>
 
 #include "model/init.h"
@@ -19,19 +20,28 @@ Shape ShardSpec::local_shape(const Shape& global) const {
 }
 
 int64_t ShardSpec::global_index(const Shape& global, int64_t local) const {
-  if (dim < 0) return local;
-  Shape ls = local_shape(global);
+  return ShardIndexMap(*this, global)(local);
+}
+
+ShardIndexMap::ShardIndexMap(const ShardSpec& shard, const Shape& global) : whole_(shard.dim < 0) {
+  if (whole_) return;
+  const Shape ls = shard.local_shape(global);
+  for (size_t d = shard.dim + 1; d < ls.size(); ++d) inner_ *= ls[d];
+  local_dim_ = ls[shard.dim];
+  global_dim_ = global[shard.dim];
+  block_local_ = local_dim_ / shard.blocks;
+  block_global_ = global_dim_ / shard.blocks;
+  part_offset_ = int64_t(shard.part) * block_local_;
+}
+
+int64_t ShardIndexMap::operator()(int64_t local) const {
+  if (whole_) return local;
   // Split the flat index into (outer, coordinate along dim, inner).
-  int64_t inner = 1;
-  for (size_t d = dim + 1; d < ls.size(); ++d) inner *= ls[d];
-  int64_t ld = ls[dim];
-  int64_t inner_i = local % inner;
-  int64_t coord = (local / inner) % ld;
-  int64_t outer = local / (inner * ld);
-  int64_t blk_local = ld / blocks;
-  int64_t blk_global = global[dim] / blocks;
-  int64_t g = (coord / blk_local) * blk_global + int64_t(part) * blk_local + coord % blk_local;
-  return (outer * global[dim] + g) * inner + inner_i;
+  const int64_t inner_i = local % inner_;
+  const int64_t coord = (local / inner_) % local_dim_;
+  const int64_t outer = local / (inner_ * local_dim_);
+  const int64_t g = (coord / block_local_) * block_global_ + part_offset_ + coord % block_local_;
+  return (outer * global_dim_ + g) * inner_ + inner_i;
 }
 
 Parameter& ParameterSet::add(std::string name, Shape global_shape, ShardSpec shard, bool weight_decay,
@@ -78,15 +88,15 @@ void ParameterSet::zero_grad(Backend& backend) {
 
 void init_parameter(Backend& backend, Parameter& p, uint64_t seed) {
   const InitRule& rule = p.init;
-  std::vector<float> host(p.value.numel());
-  if (rule.normal) {
-    uint64_t h = hash_name(p.name);
-    for (int64_t i = 0; i < (int64_t)host.size(); ++i)
-      host[i] = rule.std * counter_normal(seed, h, p.shard.global_index(p.global_shape, i));
-  } else {
-    std::fill(host.begin(), host.end(), rule.constant);
-  }
-  backend.upload(host.data(), p.value);
+  const int64_t n = p.value.numel();
+  // Not value-initialised: the threads below touch (and so place) the pages of their own ranges.
+  std::unique_ptr<float[]> host(new float[n]);
+  float* out = host.get();
+  const ShardIndexMap global_index(p.shard, p.global_shape);
+  const uint64_t key = normal_stream_key(seed, hash_name(p.name));
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t i = 0; i < n; ++i) out[i] = rule.normal ? rule.std * normal_at(key, global_index(i)) : rule.constant;
+  backend.upload(out, p.value);
 }
 
 }  // namespace gpt
