@@ -10,6 +10,7 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: return 4;
     case DType::I32: return 4;
+    case DType::F64: return 8;
     case DType::BF16: return 2;
     case DType::F16: return 2;
   }
@@ -20,6 +21,7 @@ const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32: return "fp32";
     case DType::I32: return "int32";
+    case DType::F64: return "fp64";
     case DType::BF16: return "bf16";
     case DType::F16: return "fp16";
   }

@@ -11,7 +11,9 @@
 
 namespace gpt {
 
-enum class DType : uint8_t { F32, BF16, F16, I32 };
+// F64 holds fp64 sums that stay on the device until one download (a step's loss and squared gradient
+// norms); no compute op takes it.
+enum class DType : uint8_t { F32, BF16, F16, I32, F64 };
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType t);

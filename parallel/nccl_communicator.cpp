@@ -189,6 +189,7 @@ ncclDataType_t NcclCommunicator::reduce_type(const Tensor& t, const char* op) co
     case DType::BF16: return ncclBfloat16;
     case DType::F16: return ncclFloat16;
     case DType::I32: return ncclInt32;
+    case DType::F64: return ncclFloat64;
   }
   throw std::invalid_argument(std::string("NcclCommunicator::") + op + ": unsupported dtype");
 }

@@ -517,6 +517,52 @@ TEST_F(CudaVsCpu, AdamWSteps) {
   EXPECT_THROW(gpu->adamw_step(bad.g, w.g, m.g, v.g, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1), std::runtime_error);
 }
 
+// The flat AdamW over a buffer of segments (padding between two of them), gradient scaling and the bf16
+// store fused in, against the CPU's flat step; the padding must stay untouched.
+TEST_F(CudaVsCpu, FlatAdamWSteps) {
+  const std::vector<ops::FlatSegment> segs = {{0, 70001, 0.1f, -1}, {70001, 70004, 0.f, -1}, {70021, 90000, 0.1f, -1}};
+  const int64_t n = 90005;
+  Pair w = randn_pair({n}), m = empty({n}), v = empty({n});
+  Pair value = make({n}, host(*cpu, w.c), DType::BF16);
+  cpu->fill(m.c, 0.f), gpu->fill(m.g, 0.f), cpu->fill(v.c, 0.f), gpu->fill(v.g, 0.f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    Pair g = randn_pair({n}, DType::F32, 0.1f);
+    const ops::AdamWHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.37f, step};
+    cpu->adamw_step_flat(w.c, g.c, m.c, v.c, &value.c, segs, h);
+    gpu->adamw_step_flat(w.g, g.g, m.g, v.g, &value.g, segs, h);
+  }
+  expect_close(w, 1e-5, "flat AdamW master weights");
+  expect_close(m, 1e-5, "flat AdamW m");
+  expect_close(v, 1e-5, "flat AdamW v");
+  expect_close(value, 1e-2, "flat AdamW bf16 values");
+  const Vec wc = host(*cpu, w.c), wg = host(*gpu, w.g);
+  for (int64_t i = 70004; i < 70021; ++i) EXPECT_EQ(wg[i], wc[i]) << "padding element " << i;
+}
+
+// Per-segment fp64 sums of squares (the gradient norm's) and the loss accumulation, against the CPU.
+TEST_F(CudaVsCpu, SegmentSquaresAndLossAccumulation) {
+  const std::vector<ops::FlatSegment> segs = {{0, 1000003, 0.f, 2}, {1000003, 1000010, 0.f, -1}, {1000010, 1000500, 0.f, 0}};
+  Pair flat = randn_pair({1000500});
+  Pair sums = {cpu->zeros({3}, DType::F64), gpu->zeros({3}, DType::F64)};
+  cpu->sum_squares_segments(flat.c, segs, sums.c);
+  gpu->sum_squares_segments(flat.g, segs, sums.g);
+  gpu->sum_squares_segments(flat.g, segs, sums.g);  // accumulates, reproducibly
+  double c[3], g[3];
+  cpu->download_f64(sums.c, c);
+  gpu->download_f64(sums.g, g);
+  for (int k : {0, 2}) EXPECT_NEAR(g[k], 2 * c[k], 1e-12 * c[k]) << "slot " << k;
+  EXPECT_EQ(g[1], 0.0);
+  const int64_t rows = 5000;
+  Pair mx = randn_pair({rows}), tl = randn_pair({rows}), se = make({rows}, Vec(rows, 37.5f));
+  Pair loss = {cpu->zeros({1}, DType::F64), gpu->zeros({1}, DType::F64)};
+  cpu->ce_loss_accumulate(mx.c, se.c, tl.c, loss.c);
+  gpu->ce_loss_accumulate(mx.g, se.g, tl.g, loss.g);
+  double lc = 0, lg = 0;
+  cpu->download_f64(loss.c, &lc);
+  gpu->download_f64(loss.g, &lg);
+  EXPECT_NEAR(lg, lc, 1e-12 * std::fabs(lc));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaVsCpuDtype, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
 
 // ---------------------------------------------------------------------------------------------------

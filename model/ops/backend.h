@@ -9,7 +9,10 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "model/ops/adamw_update.h"
+#include "model/ops/flat_segments.h"
 #include "model/tensor.h"
 
 namespace gpt {
@@ -38,6 +41,8 @@ class Backend {
   virtual void download(const Tensor& src, float* host) = 0;
   virtual void upload_i32(const int32_t* host, Tensor& dst) = 0;
   virtual void download_i32(const Tensor& src, int32_t* host) = 0;
+  // Host fp64 <- F64 tensor (the device-side sums of a step; the one transfer that waits for the device).
+  virtual void download_f64(const Tensor& src, double* host) = 0;
   // Bytes currently allocated and the high-water mark since start (or last reset).
   virtual size_t memory_in_use() const = 0;
   virtual size_t memory_peak() const = 0;
@@ -105,13 +110,31 @@ class Backend {
   virtual void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
                            const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float grad_scale,
                            Tensor& dlogits) = 0;
+  // loss_sum[0] += the mean over the N rows of ops::token_loss(row_max[n], sum_exp[n], target_logit[n]), in
+  // fp64: one microbatch's mean token loss from ce_sum_exp's outputs (after their tensor-parallel
+  // reduction), accumulated on the device. row_max, sum_exp, target_logit F32 [N]; loss_sum F64 [1].
+  virtual void ce_loss_accumulate(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                                  Tensor& loss_sum) = 0;
 
   // ---- optimizer ----
-  virtual double sum_squares(const Tensor& t) = 0;  // sum of x^2 in fp64
+  // The training step uses the flat forms: one call per flat buffer, whatever number of parameters it
+  // holds (model/ops/flat_segments.h). The single-tensor forms compute the same per-element math on one
+  // segment and are kept as their reference.
+  virtual double sum_squares(const Tensor& t) = 0;  // sum of x^2 in fp64, returned to the host
+  // sums[s.norm_slot] += sum of flat[i]^2 over the elements of each segment s that has a slot, in fp64,
+  // each segment summed exactly as sum_squares sums a tensor. flat F32; sums F64 [slots], on the device.
+  virtual void sum_squares_segments(const Tensor& flat, const std::vector<ops::FlatSegment>& segments,
+                                    Tensor& sums) = 0;
   // Decoupled AdamW on fp32 master weights: m,v updated, then
   // w -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * w), with bias corrections for `step` (1-based).
   virtual void adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
                           float eps, float weight_decay, int64_t step) = 0;
+  // The same update over the segments of flat fp32 buffers of one length (master weights, gradients, the
+  // two moments), element i of a segment with gradient grad[i] * h.grad_scale and the segment's weight
+  // decay. With `value` (the compute-dtype weights, same length) each updated master weight is also stored
+  // there, rounded to its dtype, in the same pass. Elements outside every segment are not touched.
+  virtual void adamw_step_flat(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, Tensor* value,
+                               const std::vector<ops::FlatSegment>& segments, const ops::AdamWHyper& h) = 0;
 };
 
 // Creates the backend named in the config ("cpu" or "cuda"); throws with a clear message when the

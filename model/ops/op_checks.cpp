@@ -164,4 +164,47 @@ AdamWBiasCorrections check_adamw(const OpChecks& c, const Tensor& w, const Tenso
           static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), step)))};
 }
 
+AdamWBiasCorrections check_adamw_flat(const OpChecks& c, const Tensor& master, const Tensor& grad, const Tensor& m,
+                                      const Tensor& v, const Tensor* value,
+                                      const std::vector<FlatSegment>& segments, const AdamWHyper& h, const char* op) {
+  const AdamWBiasCorrections bc = check_adamw(c, master, grad, m, v, h.beta1, h.beta2, h.step, op);
+  if (value) {
+    c.require_float(*value, op, "value");
+    c.require_numel(*value, master.numel(), op, "value", "master's shape " + shape_str(master.shape()));
+    c.require(value->raw() != master.raw(), op, "value aliases master: pass no value when the weights are fp32");
+  }
+  check_flat_segments(c, segments, master.numel(), -1, op);
+  return bc;
+}
+
+void check_flat_segments(const OpChecks& c, const std::vector<FlatSegment>& segments, int64_t numel, int64_t slots,
+                         const char* op) {
+  int64_t previous_end = 0;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const FlatSegment& s = segments[k];
+    const std::string which = "segment " + std::to_string(k) + " [" + std::to_string(s.begin) + ", " +
+                              std::to_string(s.end) + ")";
+    c.require(s.begin >= previous_end && s.end >= s.begin && s.end <= numel, op,
+              which + " is not ascending, disjoint and inside the " + std::to_string(numel) + " elements");
+    if (slots >= 0)
+      c.require(s.norm_slot < slots, op, which + " adds to slot " + std::to_string(s.norm_slot) + " of " +
+                                             std::to_string(slots));
+    previous_end = s.end;
+  }
+}
+
+int64_t check_loss_rows(const OpChecks& c, const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        const Tensor& loss_sum, const char* op) {
+  c.require_dtype(row_max, DType::F32, op, "row_max");
+  c.require_dtype(sum_exp, DType::F32, op, "sum_exp");
+  c.require_dtype(target_logit, DType::F32, op, "target_logit");
+  c.require_dtype(loss_sum, DType::F64, op, "loss_sum");
+  const int64_t n = row_max.numel();
+  c.require_numel(sum_exp, n, op, "sum_exp", "row_max's length");
+  c.require_numel(target_logit, n, op, "target_logit", "row_max's length");
+  c.require_numel(loss_sum, 1, op, "loss_sum", "one accumulator");
+  c.require(n > 0, op, "no rows");
+  return n;
+}
+
 }  // namespace gpt::ops

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
+#include "model/ops/adamw_update.h"
+#include "model/ops/flat_segments.h"
 #include "model/tensor.h"
 
 namespace gpt::ops {
@@ -99,5 +102,17 @@ struct AdamWBiasCorrections {
 };
 AdamWBiasCorrections check_adamw(const OpChecks& c, const Tensor& w, const Tensor& g, const Tensor& m,
                                  const Tensor& v, float beta1, float beta2, int64_t step, const char* op);
+// adamw_step_flat: the same for flat buffers, plus an optional float `value` of the same length (not
+// aliasing master) and a segment table that fits them.
+AdamWBiasCorrections check_adamw_flat(const OpChecks& c, const Tensor& master, const Tensor& grad, const Tensor& m,
+                                      const Tensor& v, const Tensor* value,
+                                      const std::vector<FlatSegment>& segments, const AdamWHyper& h, const char* op);
+// A segment table over `numel` elements: ascending, non-overlapping, inside [0, numel), every norm slot
+// below `slots` (pass slots < 0 when the op ignores them).
+void check_flat_segments(const OpChecks& c, const std::vector<FlatSegment>& segments, int64_t numel, int64_t slots,
+                         const char* op);
+// ce_loss_accumulate: three F32 row vectors of one length N (returned) and an F64 [1] accumulator.
+int64_t check_loss_rows(const OpChecks& c, const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                        const Tensor& loss_sum, const char* op);
 
 }  // namespace gpt::ops

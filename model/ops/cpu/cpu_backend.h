@@ -5,7 +5,8 @@
 // accepted everywhere a float tensor is and are converted on the way in and out (see cpu_tensor_access.h).
 // The implementation is split by concern: cpu_memory.cpp (allocation, fill, copy, upload/download),
 // cpu_linear.cpp, cpu_layernorm.cpp, cpu_elementwise.cpp (GELU, residual add, scale), cpu_embedding.cpp,
-// cpu_attention.cpp, cpu_cross_entropy.cpp and cpu_adamw.cpp (AdamW, sum of squares).
+// cpu_attention.cpp, cpu_cross_entropy.cpp (and the loss accumulation) and cpu_adamw.cpp (AdamW, sums of
+// squares, single-tensor and flat).
 #pragma once
 #include "model/ops/backend.h"
 
@@ -25,6 +26,7 @@ class CpuBackend final : public Backend {
   void download(const Tensor& src, float* host) override;
   void upload_i32(const int32_t* host, Tensor& dst) override;
   void download_i32(const Tensor& src, int32_t* host) override;
+  void download_f64(const Tensor& src, double* host) override;
   size_t memory_in_use() const override;
   size_t memory_peak() const override;
   void reset_memory_peak() override;
@@ -60,10 +62,15 @@ class CpuBackend final : public Backend {
                   int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) override;
   void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,
                    int64_t vocab_start, int64_t vocab_size, float grad_scale, Tensor& dlogits) override;
+  void ce_loss_accumulate(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                          Tensor& loss_sum) override;
 
   double sum_squares(const Tensor& t) override;
+  void sum_squares_segments(const Tensor& flat, const std::vector<ops::FlatSegment>& segments, Tensor& sums) override;
   void adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2, float eps,
                   float weight_decay, int64_t step) override;
+  void adamw_step_flat(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, Tensor* value,
+                       const std::vector<ops::FlatSegment>& segments, const ops::AdamWHyper& h) override;
 };
 
 }  // namespace gpt

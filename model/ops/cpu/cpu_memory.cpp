@@ -219,6 +219,11 @@ void CpuBackend::fill(Tensor& t, float value) {
       for (int64_t i = 0; i < n; ++i) p[i] = v;
       return;
     }
+    case DType::F64: {
+      double* p = t.data<double>();
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      return;
+    }
   }
 }
 
@@ -262,6 +267,11 @@ void CpuBackend::upload_i32(const int32_t* host, Tensor& dst) {
 void CpuBackend::download_i32(const Tensor& src, int32_t* host) {
   require_dtype(src, DType::I32, "download_i32", "src");
   parallel_memcpy(host, src.raw(), src.bytes());
+}
+
+void CpuBackend::download_f64(const Tensor& src, double* host) {
+  require_dtype(src, DType::F64, "download_f64", "src");
+  std::memcpy(host, src.raw(), src.bytes());
 }
 
 }  // namespace gpt

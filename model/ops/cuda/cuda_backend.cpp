@@ -150,6 +150,18 @@ int64_t CudaBackend::device_allocations() const { return CachingAllocator::insta
 
 void CudaBackend::synchronize() { raise_device_errors(); }
 
+const void* CudaBackend::cached_device_copy(const void* host, size_t bytes, const char* op) {
+  std::string key(static_cast<const char*>(host), bytes);
+  auto it = device_copies_.find(key);
+  if (it == device_copies_.end()) {
+    Tensor copy = empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::F64);
+    it = device_copies_.emplace(std::move(key), copy).first;
+    check_cuda(cudaMemcpyAsync(copy.raw(), it->first.data(), bytes, cudaMemcpyHostToDevice, stream_), op,
+               "cudaMemcpyAsync (constant table)");
+  }
+  return it->second.raw();
+}
+
 void CudaBackend::raise_device_errors() {
   DeviceErrorReport r{};
   check_cuda(cudaMemcpyAsync(&r, error_device_, sizeof r, cudaMemcpyDeviceToHost, stream_), "synchronize",

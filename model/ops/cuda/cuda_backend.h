@@ -1,19 +1,21 @@
 // CudaBackend: the Backend interface on one NVIDIA GPU. Every op is enqueued on one CUDA stream (the
 // compute stream) and returns without waiting, except the ones that hand a value to the host (download,
-// sum_squares, synchronize). Matrix products go to cuBLAS with fp32 accumulation for F32, BF16 and F16
+// download_f64, sum_squares, synchronize). Matrix products go to cuBLAS with fp32 accumulation for F32, BF16 and F16
 // tensors (plain fp32 for F32 unless TF32 is allowed); the rest are small kernels, one per op, each with a
 // comment giving what it computes and its shapes. Memory comes from a caching allocator
 // (cuda_allocator.h), so a training step that repeats the previous step's shapes never calls cudaMalloc.
 // The implementation is split by concern: cuda_backend.cpp (device, stream, handles, host transfers,
 // device-side error reports), cuda_memory.cu (fill, dtype casts), cuda_linear.cpp and cuda_gemm.cpp
 // (cuBLAS), cuda_reduce.cu (column sums, sum of squares), cuda_layernorm.cu, cuda_elementwise.cu (GELU,
-// residual add, scale, AdamW), cuda_embedding.cu, cuda_attention.cu and cuda_cross_entropy.cu.
+// residual add, scale), cuda_adamw.cu (AdamW, flat AdamW, per-segment sums of squares), cuda_embedding.cu,
+// cuda_attention.cu, cuda_cross_entropy.cu and cuda_loss.cu (the loss accumulation).
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -56,6 +58,7 @@ class CudaBackend final : public Backend {
   void download(const Tensor& src, float* host) override;
   void upload_i32(const int32_t* host, Tensor& dst) override;
   void download_i32(const Tensor& src, int32_t* host) override;
+  void download_f64(const Tensor& src, double* host) override;
   size_t memory_in_use() const override;
   size_t memory_peak() const override;
   void reset_memory_peak() override;
@@ -95,10 +98,15 @@ class CudaBackend final : public Backend {
                   int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) override;
   void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,
                    int64_t vocab_start, int64_t vocab_size, float grad_scale, Tensor& dlogits) override;
+  void ce_loss_accumulate(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,
+                          Tensor& loss_sum) override;
 
   double sum_squares(const Tensor& t) override;
+  void sum_squares_segments(const Tensor& flat, const std::vector<ops::FlatSegment>& segments, Tensor& sums) override;
   void adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2, float eps,
                   float weight_decay, int64_t step) override;
+  void adamw_step_flat(Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, Tensor* value,
+                       const std::vector<ops::FlatSegment>& segments, const ops::AdamWHyper& h) override;
 
   // ---- for the NCCL communicator, tests and the rest of the backend ----
   cudaStream_t stream() const { return stream_; }
@@ -130,6 +138,9 @@ class CudaBackend final : public Backend {
   Tensor as_dtype(const Tensor& t, DType dtype);
   // Device pointer to the error report kernels write into.
   DeviceErrorReport* device_error_report() const { return error_device_; }
+  // A device copy of `bytes` bytes of constant host data (a flat op's segment table), made on first use
+  // and returned again whenever the same bytes are asked for, so a training step copies no tables.
+  const void* cached_device_copy(const void* host, size_t bytes, const char* op);
 
  private:
   int device_ = 0;
@@ -138,6 +149,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   DeviceErrorReport* error_device_ = nullptr;
   int sm_ = 0;  // compute capability, e.g. 90
+  std::map<std::string, Tensor> device_copies_;  // cached_device_copy: host bytes -> device copy
   // The attention path (cudnn_attention.cpp): an AttentionPath there, and cuDNN's state.
   int attention_path_ = 0;
   struct CudnnState {

@@ -1,10 +1,8 @@
 // Element-wise kernels of the CUDA backend, one grid-stride loop each over the flat elements, computing in
 // fp32 whatever the tensors' dtypes: tanh-approximated GELU and its derivative, the residual add and
-// accumulate, in-place scaling, and the fused AdamW update (moments, bias correction, decoupled weight
-// decay and the weight update in one pass over fp32 master weights).
+// accumulate, and in-place scaling. (AdamW is in cuda_adamw.cu.)
 #include <cmath>
 
-#include "model/ops/adamw_update.h"
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -51,12 +49,6 @@ __global__ void add_kernel(const void* a, DType ad, const void* b, DType bd, voi
 // t *= alpha.
 __global__ void scale_kernel(void* t, DType td, float alpha, int64_t n) {
   GRID_STRIDE(i, n) store_from_f32(t, td, i, load_as_f32(t, td, i) * alpha);
-}
-
-// AdamW on fp32 w, g, m, v (see Backend::adamw_step); inv_bc1/2 = 1 / (1 - beta^step).
-__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, float inv_bc1, float inv_bc2, int64_t n) {
-  GRID_STRIDE(i, n) { ops::adamw_update(w[i], g[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2); }
 }
 
 }  // namespace
@@ -106,16 +98,6 @@ void CudaBackend::scale(Tensor& t, float alpha) {
   if (n == 0) return;
   scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(t.raw(), t.dtype(), alpha, n);
   check_launch("scale");
-}
-
-void CudaBackend::adamw_step(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, int64_t step) {
-  const ops::AdamWBiasCorrections bc = ops::check_adamw(kChecks, w, g, m, v, beta1, beta2, step, "adamw_step");
-  const int64_t n = w.numel();
-  if (n == 0) return;
-  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_>>>(w.f32(), g.f32(), m.f32(), v.f32(), lr, beta1, beta2,
-                                                                eps, weight_decay, bc.inv_bc1, bc.inv_bc2, n);
-  check_launch("adamw_step");
 }
 
 }  // namespace gpt

@@ -3,6 +3,7 @@
 // tensor holds the same bits whichever backend wrote it. Host transfers go through the compute stream;
 // downloads wait for it and then raise any problem a kernel reported.
 #include <cmath>
+#include <cstring>
 
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
@@ -23,7 +24,7 @@ __global__ void cast_kernel(const void* src, DType sd, void* dst, DType dd, int6
     store_from_f32(dst, dd, i, load_as_f32(src, sd, i));
 }
 
-// p[i] = bits for i < n (one 16- or 32-bit pattern, so every dtype's fill is a plain store).
+// p[i] = bits for i < n (one 16-, 32- or 64-bit pattern, so every dtype's fill is a plain store).
 template <typename Word>
 __global__ void fill_kernel(Word* p, Word bits, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -81,6 +82,13 @@ void CudaBackend::fill(Tensor& t, float value) {
       fill_kernel<uint32_t><<<grid, kThreads, 0, stream_>>>(t.data<uint32_t>(), static_cast<uint32_t>(v), n);
       break;
     }
+    case DType::F64: {
+      const double d = value;
+      uint64_t bits = 0;
+      std::memcpy(&bits, &d, sizeof bits);
+      fill_kernel<uint64_t><<<grid, kThreads, 0, stream_>>>(t.data<uint64_t>(), bits, n);
+      break;
+    }
   }
   check_launch("fill");
 }
@@ -134,6 +142,14 @@ void CudaBackend::download_i32(const Tensor& src, int32_t* host) {
   require_dtype(src, DType::I32, "download_i32", "src");
   if (src.numel() > 0)
     check_cuda(cudaMemcpyAsync(host, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "download_i32",
+               "cudaMemcpyAsync");
+  synchronize();
+}
+
+void CudaBackend::download_f64(const Tensor& src, double* host) {
+  require_dtype(src, DType::F64, "download_f64", "src");
+  if (src.numel() > 0)
+    check_cuda(cudaMemcpyAsync(host, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "download_f64",
                "cudaMemcpyAsync");
   synchronize();
 }
