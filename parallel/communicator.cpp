@@ -1,5 +1,6 @@
 // SelfCommunicator: the single-rank group used when a parallel dimension has degree 1; the default
-// asynchronous send; the marker that tells the watchdog this process is waiting in communication.
+// asynchronous send and reductions (the blocking ones, run at once); the marker that tells the watchdog
+// this process is waiting in communication.
 #include "parallel/communicator.h"
 
 #include <cstring>
@@ -19,6 +20,23 @@ struct CompletedSend final : PendingSend {
 
 std::unique_ptr<PendingSend> Communicator::send_async(const Tensor& t, int peer, int tag) {
   send(t, peer, tag);
+  return std::make_unique<CompletedSend>();
+}
+
+std::unique_ptr<PendingSend> Communicator::all_reduce_async(Tensor& t, ReduceOp op) {
+  all_reduce(t, op);
+  return std::make_unique<CompletedSend>();
+}
+
+std::unique_ptr<PendingSend> Communicator::reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  if (static_cast<int>(counts.size()) != size() || total != t.numel())
+    throw std::invalid_argument("Communicator(" + name() + ")::reduce_scatter_blocks_async: " +
+                                std::to_string(counts.size()) + " blocks of " + std::to_string(total) +
+                                " elements in all, for a group of " + std::to_string(size()) + " and a tensor of " +
+                                std::to_string(t.numel()));
+  if (size() > 1) all_reduce(t);  // every block summed: this rank's among them
   return std::make_unique<CompletedSend>();
 }
 

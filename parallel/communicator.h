@@ -3,9 +3,12 @@
 // backend (parallel/mpi_communicator.*) and NCCL (parallel/nccl_communicator.*). Every backend reduces
 // F32, BF16 and F16 tensors (a bf16 or fp16 run's activations cross the tensor-parallel group in that
 // dtype) and moves tensors of any dtype; `all_reduce_host` reduces small host arrays (scalars, norms, flags).
+// The non-blocking reductions (all_reduce_async, reduce_scatter_blocks_async) are what the data-parallel
+// gradient buckets use to overlap their reductions with the rest of the backward pass.
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/tensor.h"
 
@@ -13,12 +16,15 @@ namespace gpt {
 
 enum class ReduceOp { Sum, Max, Min };
 
-// A send that may still be in flight; wait() returns once the buffer may be reused. Destroying an
-// unfinished one waits for it.
+// A send or collective that may still be in flight; wait() returns once the buffer may be reused (and,
+// for a reduction, holds its result). Destroying an unfinished one waits for it.
 class PendingSend {
  public:
   virtual ~PendingSend() = default;
   virtual void wait() = 0;
+  // Lets communication that advances only inside library calls (MPI on the host) move on, without
+  // blocking. Backends whose transfers run by themselves (NCCL on its streams) ignore it.
+  virtual void progress() {}
 };
 
 class Communicator {
@@ -42,6 +48,17 @@ class Communicator {
   // The default is a blocking send.
   virtual std::unique_ptr<PendingSend> send_async(const Tensor& t, int peer, int tag);
   virtual void barrier() = 0;
+
+  // Non-blocking reductions: each starts and returns at once; `t` must stay alive and untouched until the
+  // handle's wait() (or destruction), after which it holds the result. Every rank of the group must start
+  // the group's non-blocking reductions in the same order. The defaults run the blocking collectives.
+  // In-place reduction of t over the group.
+  virtual std::unique_ptr<PendingSend> all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // t is cut into consecutive blocks of counts[0], counts[1], ... elements, one per rank of the group (they
+  // add up to t.numel(); a block may be empty). Afterwards this rank's block of t holds the group's sum of
+  // that block; the other blocks are unspecified. (A bucket of a flat gradient buffer reduced to the ranks
+  // that own its pieces: the distributed optimizer's reduce-scatter, one bucket at a time.)
+  virtual std::unique_ptr<PendingSend> reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts);
 
   // Bytes this rank has passed to collectives / p2p since construction (for the comm-volume log).
   int64_t bytes_moved() const { return bytes_moved_; }

@@ -19,12 +19,8 @@ namespace {
 
 // Messages larger than this travel as several MPI messages (MPI counts are int).
 constexpr size_t kChunkBytes = size_t(1) << 30;
-// Reductions and gathers run as calls of at most this many bytes in all. Open MPI 4.1's shared-memory
-// collectives fall off a cliff above about 16 MiB per call (two ranks, measured: MPI_Allreduce 7 GB/s at
-// 8 MiB, 0.4 GB/s at 32 MiB and above; MPI_Reduce_scatter likewise; MPI_Reduce_scatter_block 0.2 GB/s at
-// every size; MPI_Allgather 6 GB/s at 32 MiB, 2 GB/s at 128 MiB), while 8 MiB pieces keep the fast path.
-constexpr int64_t kCollectiveChunkBytes = int64_t(8) << 20;
-constexpr int64_t kReduceChunkElems = kCollectiveChunkBytes / 4;
+constexpr int64_t kCollectiveChunkBytes = MpiCommunicator::kCollectiveChunkBytes;
+constexpr int64_t kReduceChunkElems = MpiCommunicator::kReduceChunkElems;
 
 // Adds the wall time of a scope to a counter.
 class ScopedTimer {

@@ -271,6 +271,47 @@ std::unique_ptr<PendingSend> NcclCommunicator::all_reduce_async(Tensor& t, Reduc
 
 void NcclCommunicator::all_reduce(Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
 
+std::unique_ptr<PendingSend> NcclCommunicator::reduce_scatter_blocks_async(Tensor& t,
+                                                                          const std::vector<int64_t>& counts) {
+  if (on_host(t)) {
+    auto done = host_->reduce_scatter_blocks_async(t, counts);
+    done->wait();
+    return std::make_unique<Pending>(this, Tensor(), nullptr);
+  }
+  check_tensor(t, "reduce_scatter_blocks_async", "t");
+  int64_t total = 0;
+  bool equal = true;
+  for (int64_t c : counts) {
+    total += c;
+    equal = equal && c == counts.front();
+  }
+  if (static_cast<int>(counts.size()) != size_ || total != t.numel())
+    throw std::invalid_argument("NcclCommunicator(" + name_ + ")::reduce_scatter_blocks_async: " +
+                                std::to_string(counts.size()) + " blocks of " + std::to_string(total) +
+                                " elements in all, for a group of " + std::to_string(size_) + " and " +
+                                shape_str(t.shape()));
+  const ncclDataType_t type = reduce_type(t, "reduce_scatter_blocks_async");
+  const size_t esize = dtype_size(t.dtype());
+  char* base = static_cast<char*>(t.raw());
+  begin(stream_);
+  if (equal) {  // in place: this rank's block is where NCCL puts its result
+    check(ncclReduceScatter(base, base + rank_ * counts.front() * esize, counts.front(), type, ncclSum, comm_, stream_),
+          comm_, "ncclReduceScatter");
+  } else {
+    check(ncclGroupStart(), comm_, "ncclGroupStart");
+    int64_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (counts[r] > 0)
+        check(ncclReduce(base + offset * esize, base + offset * esize, counts[r], type, ncclSum, r, comm_, stream_),
+              comm_, "ncclReduce");
+      offset += counts[r];
+    }
+    check(ncclGroupEnd(), comm_, "ncclGroupEnd");
+  }
+  bytes_moved_ += static_cast<int64_t>(t.bytes());
+  return std::make_unique<Pending>(this, t, end(stream_));
+}
+
 void NcclCommunicator::all_reduce_host(double* data, int64_t count, ReduceOp op) {
   collect_timings();
   host_->all_reduce_host(data, count, op);

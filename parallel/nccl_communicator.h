@@ -5,9 +5,9 @@
 // Streams. NCCL work runs on the communicator's own stream(s), ordered after everything already queued on
 // the CUDA backend's compute stream (an event recorded there is waited on first). Blocking-style ops
 // (all_reduce, all_gather, reduce_scatter, broadcast, send, recv) then make the compute stream wait for
-// the result, so later kernels see it, but the host returns at once. all_reduce_async and send_async
-// leave the compute stream free until wait(): that is how a data-parallel bucket all-reduce overlaps the
-// rest of the backward pass. Every use of a tensor on a communication stream is joined back into the
+// the result, so later kernels see it, but the host returns at once. all_reduce_async,
+// reduce_scatter_blocks_async and send_async leave the compute stream free until wait(): that is how a
+// data-parallel bucket reduction overlaps the rest of the backward pass. Every use of a tensor on a communication stream is joined back into the
 // compute stream before the tensor can be freed, which keeps the caching allocator's stream-order
 // argument (model/ops/cuda/cuda_allocator.h) valid.
 //
@@ -69,10 +69,13 @@ class NcclCommunicator final : public Communicator {
   // Waits (host side) for this communicator's queued work, then an MPI barrier.
   void barrier() override;
 
-  // Starts an in-place all-reduce on the communication stream and returns at once; the compute stream is
-  // not held up. wait() (or destroying the handle) makes the compute stream wait for the result. `t` must
-  // not be written by kernels queued between this call and wait().
-  std::unique_ptr<PendingSend> all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // Start an in-place all-reduce, or a reduce-scatter of unequal blocks (ncclReduceScatter when the blocks
+  // are equal, else one ncclReduce per non-empty block to its rank, grouped), on the communication stream
+  // and return at once; the compute stream is not held up. wait() (or destroying the handle) makes the
+  // compute stream wait for the result. `t` must not be written by kernels queued between this call and
+  // wait().
+  std::unique_ptr<PendingSend> all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum) override;
+  std::unique_ptr<PendingSend> reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts) override;
   cudaStream_t comm_stream() const { return stream_; }
 
  private:

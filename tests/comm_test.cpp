@@ -251,6 +251,45 @@ TEST_F(Comm, CollectivesSplitIntoPiecesGiveTheWholeResult) {
     ASSERT_EQ(hout.data<uint16_t>()[j], static_cast<uint16_t>((j / h) * 4096 + (j % h) % 4096)) << j;
 }
 
+// The non-blocking reductions of gradient buckets: several in flight at once and completed out of order,
+// large enough to run as several MPI requests each (8 MiB pieces, a ragged last one), reduce-scatter
+// blocks of unequal and empty sizes crossing piece boundaries, each element checked against its sum.
+TEST_F(Comm, NonBlockingReductionsOfBuckets) {
+  const int64_t n = (int64_t(5) << 20) + 4321;  // fp32 elements: three pieces
+  const int r = world->rank();
+  Tensor a = host_tensor(n), b = host_tensor(n);
+  for (int64_t j = 0; j < n; ++j) a.f32()[j] = float(r + (j % 1000)), b.f32()[j] = float(2 * r + (j % 7));
+  // Blocks of every size: empty ones, one spanning a piece boundary, a 1-element one.
+  const std::vector<int64_t> counts = {0, 3, (int64_t(5) << 19), 1, 0, 100000, 7, 0};
+  std::vector<int64_t> begin(8, 0);
+  for (int k = 1; k < 8; ++k) begin[k] = begin[k - 1] + counts[k - 1];
+  const int64_t rest = n - begin[7];
+  std::vector<int64_t> blocks = counts;
+  blocks[7] = rest;
+  auto sum_a = world->all_reduce_async(a);
+  auto scatter_b = world->reduce_scatter_blocks_async(b, blocks);
+  scatter_b->progress();
+  sum_a->progress();
+  scatter_b->wait();  // the second one first
+  sum_a->wait();
+  sum_a->wait();      // a second wait is a no-op
+  for (int64_t j = 0; j < n; ++j) ASSERT_EQ(a.f32()[j], 28.0f + 8 * (j % 1000)) << j;
+  for (int64_t j = begin[r]; j < begin[r] + blocks[r]; ++j) ASSERT_EQ(b.f32()[j], 56.0f + 8 * (j % 7)) << j;
+  // Equal blocks: the distributed optimizer's whole-buffer case.
+  Tensor c = host_tensor(8 * 1000);
+  for (int64_t j = 0; j < 8 * 1000; ++j) c.f32()[j] = float(r * j);
+  world->reduce_scatter_blocks_async(c, std::vector<int64_t>(8, 1000))->wait();
+  for (int64_t j = r * 1000; j < (r + 1) * 1000; ++j) ASSERT_EQ(c.f32()[j], float(28 * j)) << j;
+  // 16-bit tensors reduce at once, as the blocking all_reduce does.
+  Tensor h = host_tensor(1000, DType::BF16), hb = host_tensor(1000, DType::BF16);
+  for (int64_t j = 0; j < 1000; ++j) h.data<uint16_t>()[j] = hb.data<uint16_t>()[j] = fp32_to_bf16(float(r + j % 5));
+  world->all_reduce_async(h)->wait();
+  world->all_reduce(hb);
+  EXPECT_EQ(std::memcmp(h.raw(), hb.raw(), h.bytes()), 0);
+  EXPECT_THROW(world->reduce_scatter_blocks_async(c, std::vector<int64_t>(7, 1000)), std::invalid_argument);
+  EXPECT_THROW(world->reduce_scatter_blocks_async(c, std::vector<int64_t>(8, 999)), std::invalid_argument);
+}
+
 TEST_F(Comm, BroadcastFromEveryRoot) {
   for (int root = 0; root < 8; ++root) {
     Tensor t = host_tensor(4), h = host_tensor(3, DType::F16);

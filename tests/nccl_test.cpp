@@ -3,7 +3,8 @@
 // rank-dependent inputs in F32 and BF16, all-gather / reduce-scatter, broadcast, tag-matched
 // point-to-point received in a different order than sent (the stash), sends posted in both directions
 // before any receive (which would hang with rendezvous sends), a wrongly sized receive reported without
-// desynchronising the channel, an asynchronous all-reduce overlapping a kernel, and the factory building
+// desynchronising the channel, an asynchronous all-reduce overlapping a kernel, a reduce-scatter of
+// unequal blocks (a gradient bucket reduced to its owners), and the factory building
 // NCCL groups (with p2p channels for the pipeline) from a process grid. NCCL cannot place two ranks on one
 // GPU, so the tests skip unless every rank has its own device; every rank takes the same decision (an MPI
 // reduction), so a skip cannot hang the others. The CPU half of the factory is checked everywhere.
@@ -239,6 +240,28 @@ TEST_F(NcclTest, AsyncAllReduceOverlapsCompute) {
   EXPECT_EQ(g.back(), 0.5f * size);
   EXPECT_EQ(o.front(), 6.f);
   EXPECT_GE(comm->seconds_spent(), 0.0);
+}
+
+// A gradient bucket reduced to the ranks owning its blocks: unequal blocks (one empty) go as grouped
+// ncclReduce calls, equal ones as one in-place ncclReduceScatter; this rank's block holds the sums.
+TEST_F(NcclTest, ReduceScatterOfUnequalBlocks) {
+  for (bool equal : {false, true}) {
+    std::vector<int64_t> counts(size);
+    for (int r = 0; r < size; ++r) counts[r] = equal ? 700 : (r == 0 ? 0 : 1000 * r + 3);
+    if (!equal && size == 1) counts[0] = 5;
+    int64_t n = 0, begin = 0;
+    for (int r = 0; r < size; ++r) {
+      if (r < rank) begin += counts[r];
+      n += counts[r];
+    }
+    std::vector<float> v(n);
+    for (int64_t j = 0; j < n; ++j) v[j] = float(rank + j % 13);
+    Tensor t = make(v);
+    comm->reduce_scatter_blocks_async(t, counts)->wait();
+    const auto got = host(t);
+    for (int64_t j = begin; j < begin + counts[rank]; ++j)
+      ASSERT_EQ(got[j], float(size * (size - 1) / 2 + size * (j % 13))) << (equal ? "equal" : "unequal") << " at " << j;
+  }
 }
 
 TEST_F(NcclTest, FactoryBuildsDeviceGroupsFromTheGrid) {
