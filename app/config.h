@@ -31,6 +31,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   int64_t bucket_size_mb = 25;
+  bool overlap_grad_reduce = true;  // start each gradient bucket's dp reduction during the last backward pass
 };
 
 struct TrainingConfig {

@@ -43,6 +43,10 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(parallel, sequence_parallel, "shard layer norm / dropout activations over the tensor group"),
       GPT_KEY(parallel, distributed_optimizer, "shard optimizer state over the data-parallel group"),
       GPT_KEY(parallel, bucket_size_mb, "gradient all-reduce bucket size in MiB"),
+      GPT_KEY(parallel, overlap_grad_reduce,
+              "start each gradient bucket's data-parallel all-reduce (reduce-scatter with the distributed "
+              "optimizer) during the last microbatch's backward pass, as soon as its gradients are complete "
+              "(Megatron's --overlap-grad-reduce); false: reduce after the backward pass"),
 
       GPT_KEY(training, micro_batch_size, "samples per microbatch per data-parallel rank"),
       GPT_KEY(training, global_batch_size, "samples per optimizer step over all data-parallel ranks"),

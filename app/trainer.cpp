@@ -63,7 +63,9 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
                  static_cast<float>(cfg.optimizer.eps), static_cast<float>(cfg.optimizer.weight_decay)};
   optimizer_ = std::make_unique<DataParallelOptimizer>(ps_, backend_, chunks(), ac,
                                                        cfg.parallel.distributed_optimizer,
-                                                       cfg.parallel.bucket_size_mb << 20);
+                                                       cfg.parallel.bucket_size_mb << 20,
+                                                       cfg.parallel.overlap_grad_reduce);
+  step_sums_ = backend_.zeros({1 + num_global_params(spec_.num_layers)}, DType::F64);
   if (spec_.dtype == DType::F16) scaler_ = LossScaler::dynamic_fp16();
   lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
                    cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters,
@@ -123,31 +125,51 @@ StepStats Trainer::step() {
   const float grad_scale =
       static_cast<float>(s.loss_scale / double(cfg_.training.global_batch_size * cfg_.model.seq_length));
   LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
-  double local_loss = run_pipeline_step(ps_, ctx, chunk_list, loader, consumed_, grad_scale);
+  // The step's sums on the device: [0] the losses of this rank's microbatches, [1 + id] the sum of squares
+  // of global parameter id's gradient on this rank.
+  backend_.fill(step_sums_, 0.f);
+  Tensor loss_sum = step_sums_.slice_elems(0, {1});
+  Tensor grad_squares = step_sums_.slice_elems(1, {step_sums_.numel() - 1});
+  const bool sequence_parallel = cfg_.parallel.sequence_parallel;
+  const bool overlap = optimizer_->overlaps_grad_reduce();
+  // With overlap, buckets start as the last backward pass completes their gradients; a block's
+  // sequence-parallel gradients get their tensor-parallel sum first, as they would after the pipeline.
+  const ChunkGradsDone grads_done = [&](int chunk, const std::vector<Parameter*>& params) {
+    if (sequence_parallel) reduce_sequence_parallel_grads(ps_, params);
+    optimizer_->grads_done(chunk, params);
+  };
+  run_pipeline_step(ps_, ctx, chunk_list, loader, consumed_, grad_scale, loss_sum, overlap ? &grads_done : nullptr);
 
   reduce_tied_embedding(ps_, backend_, chunk_list);
-  if (cfg_.parallel.sequence_parallel) reduce_sequence_parallel_grads(ps_, chunk_list);
+  if (sequence_parallel && !overlap) reduce_sequence_parallel_grads(ps_, chunk_list);
   optimizer_->reduce_gradients();
+  optimizer_->add_grad_squares(grad_squares);
+  // The step's one wait for the device: the loss and the per-parameter squares come to the host together.
+  // Everything after it (clipping factor, AdamW, the ZeRO all-gather) is queued without waiting; the next
+  // step's download waits for it.
+  std::vector<double> sums(static_cast<size_t>(step_sums_.numel()));
+  backend_.download_f64(step_sums_, sums.data());
   s.iteration = ++iteration_;
-  s.grad_norm = optimizer_->grad_norm(num_global_params(spec_.num_layers)) / s.loss_scale;
+  s.grad_norm = optimizer_->global_norm(std::vector<double>(sums.begin() + 1, sums.end())) / s.loss_scale;
   // Megatron's position in the schedule: the steps applied so far (skipped ones do not count), so
   // iteration 1 runs at the schedule's start; a checkpoint restores it with Adam's step count.
   s.lr = lr_.at(optimizer_->adam().steps_taken());
   // An Inf/NaN anywhere in the gradients shows in the norm, identically on every rank.
   const bool overflow = !std::isfinite(s.grad_norm);
   if (scaler_.update(overflow)) {
-    optimizer_->unscale_and_clip(1.0 / s.loss_scale, s.grad_norm, cfg_.optimizer.clip_grad);
-    optimizer_->step(static_cast<float>(s.lr));
+    optimizer_->step(static_cast<float>(s.lr),
+                     DataParallelOptimizer::gradient_factor(1.0 / s.loss_scale, s.grad_norm, cfg_.optimizer.clip_grad));
   } else {
     s.skipped = true;
   }
   consumed_ += cfg_.training.global_batch_size;
 
   // Only tp rank 0 of the last stage contributes its microbatch losses, so the world sum counts each once.
-  double loss_sum = (ps_.is_last_stage() && ps_.tp_rank() == 0) ? local_loss : 0.0;
-  ps_.world->all_reduce_host(&loss_sum, 1);
-  s.loss = loss_sum / double(loader.microbatches_per_rank() * ps_.dp_size());
-  backend_.synchronize();
+  double loss_total = (ps_.is_last_stage() && ps_.tp_rank() == 0) ? sums[0] : 0.0;
+  ps_.world->all_reduce_host(&loss_total, 1);
+  s.loss = loss_total / double(loader.microbatches_per_rank() * ps_.dp_size());
+  // On a GPU the optimizer's kernels may still be running: the step's time ends once they are queued, and
+  // the next step's wait absorbs what is left, so over an interval the times add up to the wall clock.
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }

@@ -1,7 +1,9 @@
 // The training loop of one rank: builds this rank's model chunks from the config and the process grid,
 // runs each step through the pipeline executor, reduces gradients (tied embedding, sequence parallel,
-// data parallel), unscales and clips by the global norm, skips steps whose gradients overflowed, steps
-// AdamW, evaluates at eval.interval, and logs Megatron-style lines plus the JSON metrics file.
+// data parallel, the last overlapped with the backward pass), unscales and clips by the global norm, skips
+// steps whose gradients overflowed, steps AdamW, evaluates at eval.interval, and logs Megatron-style lines
+// plus the JSON metrics file. A step waits for the device once: for the download of its loss and
+// gradient squares, which stay on the device until then.
 #pragma once
 #include <chrono>
 #include <memory>
@@ -88,6 +90,7 @@ class Trainer {
   ModelSpec spec_;
   std::vector<std::unique_ptr<ModelChunk>> chunks_;
   std::unique_ptr<DataParallelOptimizer> optimizer_;
+  Tensor step_sums_;  // F64 [1 + global parameters] on the device: the step's loss and gradient squares
   std::unique_ptr<SampleSource> train_source_;
   LossScaler scaler_ = LossScaler::constant();
   LrSchedule lr_;

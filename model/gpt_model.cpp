@@ -26,9 +26,15 @@ ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_en
     auto& ps = params_.params();
     for (size_t i = from; i < ps.size(); ++i) ps[i]->global_id = first_id + int64_t(i - from);
   };
+  auto registered_since = [&](size_t from) {
+    std::vector<Parameter*> out;
+    for (size_t i = from; i < params_.params().size(); ++i) out.push_back(params_.params()[i].get());
+    return out;
+  };
   if (first) {
     embedding_.emplace(params_, EmbeddingSpec{s.padded_vocab, s.hidden, s.seq_length, s.init_std, s.tp_size, s.tp_rank});
     assign_ids(0, 0);
+    embedding_params_ = registered_since(0);
   }
   BlockSpec bs{s.hidden, s.heads, s.ffn, s.eps, s.init_std,
                static_cast<float>(s.init_std / std::sqrt(2.0 * s.num_layers)), s.tp_size, s.tp_rank};
@@ -36,6 +42,7 @@ ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_en
     size_t before = params_.params().size();
     blocks_.push_back(std::make_unique<TransformerBlock>(params_, "layers." + std::to_string(l), bs));
     assign_ids(before, 2 + kParamsPerBlock * l);
+    block_params_.push_back(registered_since(before));
   }
   if (last) {
     size_t before = params_.params().size();
@@ -50,6 +57,7 @@ ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_en
       head_weight_->tied_copy = true;
       head_weight_->global_id = 0;
     }
+    final_params_ = registered_since(before);
   }
 }
 
@@ -88,7 +96,7 @@ Tensor ModelChunk::run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, 
 }
 
 Tensor ModelChunk::forward(LayerContext& ctx, int mb, const Microbatch& b, const Tensor& input, float grad_scale,
-                           double* loss) {
+                           Tensor* loss_sum) {
   if (caches_.count(mb)) throw std::logic_error("ModelChunk::forward: microbatch " + std::to_string(mb) + " already in flight");
   Cache& c = caches_[mb];
   c.blocks.resize(blocks_.size());
@@ -99,31 +107,40 @@ Tensor ModelChunk::forward(LayerContext& ctx, int mb, const Microbatch& b, const
   c.final_in = x;
   Tensor normed;
   final_ln_->forward(ctx, x, normed, c.final_stats);
-  double l = head_->forward_backward(ctx, normed, b.targets, grad_scale, c.head_dx);
-  if (loss) *loss = l;
+  if (!loss_sum) throw std::invalid_argument("ModelChunk::forward: the last chunk needs a loss accumulator");
+  head_->forward_backward(ctx, normed, b.targets, grad_scale, c.head_dx, *loss_sum);
   return Tensor();
 }
 
-Tensor ModelChunk::backward(LayerContext& ctx, int mb, const Microbatch& b, const Tensor& grad_output) {
+Tensor ModelChunk::backward(LayerContext& ctx, int mb, const Microbatch& b, const Tensor& grad_output,
+                            const GradsDone* grads_done) {
   auto it = caches_.find(mb);
   if (it == caches_.end()) throw std::logic_error("ModelChunk::backward: microbatch " + std::to_string(mb) + " has no forward");
+  auto done = [&](const std::vector<Parameter*>& params) {
+    if (grads_done && !params.empty()) (*grads_done)(params);
+  };
   Cache& c = it->second;
   Tensor dx = grad_output;
-  if (is_last()) final_ln_->backward(ctx, c.head_dx, c.final_in, c.final_stats, dx);
+  if (is_last()) {
+    final_ln_->backward(ctx, c.head_dx, c.final_in, c.final_stats, dx);
+    done(final_params_);
+  }
   for (size_t i = blocks_.size(); i-- > 0;) {
     Tensor dinput;
     blocks_[i]->backward(ctx, dx, b.B, b.T, c.blocks[i], dinput, spec_.recompute);
     dx = dinput;
+    done(block_params_[i]);
   }
   caches_.erase(it);
   if (is_first()) {
     embedding_->backward(ctx, b.tokens, dx, b.T);
+    done(embedding_params_);
     return Tensor();
   }
   return dx;
 }
 
-Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Tensor& input, double* loss) {
+Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Tensor& input, Tensor* loss_sum) {
   Tensor x = input;
   if (is_first()) embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
   x = run_blocks(ctx, b, x, nullptr);
@@ -131,8 +148,8 @@ Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Te
   Tensor normed;
   LayerNorm::Cache stats;
   final_ln_->forward(ctx, x, normed, stats);
-  double l = head_->forward(ctx, normed, b.targets);
-  if (loss) *loss = l;
+  if (!loss_sum) throw std::invalid_argument("ModelChunk::eval_forward: the last chunk needs a loss accumulator");
+  head_->forward(ctx, normed, b.targets, *loss_sum);
   return Tensor();
 }
 

@@ -3,6 +3,7 @@
 // layernorm, tied LM head and loss on the last. Chunks keep one activation cache per microbatch in
 // flight, so any pipeline schedule can drive them through forward(mb) / backward(mb).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,15 +49,23 @@ class ModelChunk {
   void allocate_and_init(Backend& backend, uint64_t seed, int64_t pad_multiple = 1);
 
   // Training forward of microbatch `mb`. First chunk reads mb.tokens, others `input` [B*T, C].
-  // The last chunk computes the loss (returned in *loss) and its gradient scaled by grad_scale, and returns
-  // an undefined tensor; others return their output activation.
+  // The last chunk computes the loss, adds the microbatch's mean token loss to *loss_sum (F64 [1] on the
+  // device; required there) and its gradient scaled by grad_scale, and returns an undefined tensor; others
+  // return their output activation.
   Tensor forward(LayerContext& ctx, int mb, const Microbatch& batch, const Tensor& input, float grad_scale,
-                 double* loss);
+                 Tensor* loss_sum);
+  // Called by a backward pass with parameters whose gradients it has just completed.
+  using GradsDone = std::function<void(const std::vector<Parameter*>&)>;
   // Backward of microbatch `mb`: the last chunk ignores grad_output. Returns the gradient wrt the chunk's
-  // input (undefined for the first chunk). Frees the microbatch's cache.
-  Tensor backward(LayerContext& ctx, int mb, const Microbatch& batch, const Tensor& grad_output);
-  // Forward without caches or gradients (evaluation). Same input/output convention; *loss set on last.
-  Tensor eval_forward(LayerContext& ctx, const Microbatch& batch, const Tensor& input, double* loss);
+  // input (undefined for the first chunk). Frees the microbatch's cache. With grads_done (the step's last
+  // backward pass of this chunk) each group of parameters is handed over as soon as its gradients are
+  // complete: the final layernorm's and the LM head's (whose gradient the forward pass made), then each
+  // block's from the last, then the embedding's.
+  Tensor backward(LayerContext& ctx, int mb, const Microbatch& batch, const Tensor& grad_output,
+                  const GradsDone* grads_done = nullptr);
+  // Forward without caches or gradients (evaluation). Same input/output convention; the last chunk adds
+  // the mean token loss to *loss_sum.
+  Tensor eval_forward(LayerContext& ctx, const Microbatch& batch, const Tensor& input, Tensor* loss_sum);
 
   // ---- generation: the whole model in this chunk (first and last), tensor parallel size 1 ----
   // One sequence's key/value cache: per block, the packed qkv rows [capacity, 3*hidden] of the positions
@@ -98,6 +107,9 @@ class ModelChunk {
   Parameter* head_weight_ = nullptr;  // the word embedding (same chunk) or its tied copy
   std::unique_ptr<LMHeadLoss> head_;
   Tensor head_grad_;  // separate head gradient when the embedding lives in this chunk
+  // The parameters of each part, in the groups backward() hands to GradsDone.
+  std::vector<Parameter*> embedding_params_, final_params_;
+  std::vector<std::vector<Parameter*>> block_params_;
   std::map<int, Cache> caches_;
 };
 

@@ -1,16 +1,13 @@
-// Vocab-parallel LM head and cross-entropy.
+// Vocab-parallel LM head and cross-entropy, with the loss accumulated on the device.
 #include "model/lm_head.h"
-
-#include <cmath>
-#include <vector>
 
 namespace gpt {
 
 LMHeadLoss::LMHeadLoss(Parameter* weight, Tensor grad, int64_t vocab_size, int64_t vocab_start)
     : weight_(weight), grad_(std::move(grad)), vocab_size_(vocab_size), vocab_start_(vocab_start) {}
 
-double LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor& targets, Tensor& logits,
-                               Tensor& row_max, Tensor& sum_exp) const {
+void LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor& targets, Tensor& logits,
+                             Tensor& row_max, Tensor& sum_exp, Tensor& loss_sum) const {
   Backend& be = ctx.backend;
   const int64_t n = x.dim(0);
   logits = be.empty({n, weight_->value.dim(0)});
@@ -25,18 +22,12 @@ double LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor&
     ctx.tp.all_reduce(sum_exp);
     ctx.tp.all_reduce(target_logit);
   }
-  std::vector<float> mx(n), se(n), tl(n);
-  be.download(row_max, mx.data());
-  be.download(sum_exp, se.data());
-  be.download(target_logit, tl.data());
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) total += std::log((double)se[i]) + mx[i] - tl[i];
-  return total / n;
+  be.ce_loss_accumulate(row_max, sum_exp, target_logit, loss_sum);
 }
 
-double LMHeadLoss::forward(LayerContext& ctx, const Tensor& x, const Tensor& targets) const {
+void LMHeadLoss::forward(LayerContext& ctx, const Tensor& x, const Tensor& targets, Tensor& loss_sum) const {
   Tensor logits, row_max, sum_exp;
-  return loss_pieces(ctx, enter_tp_region(ctx, x), targets, logits, row_max, sum_exp);
+  loss_pieces(ctx, enter_tp_region(ctx, x), targets, logits, row_max, sum_exp, loss_sum);
 }
 
 Tensor LMHeadLoss::logits(LayerContext& ctx, const Tensor& x) const {
@@ -46,12 +37,12 @@ Tensor LMHeadLoss::logits(LayerContext& ctx, const Tensor& x) const {
   return out;
 }
 
-double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Tensor& targets, float grad_scale,
-                                    Tensor& dx) const {
+void LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Tensor& targets, float grad_scale,
+                                  Tensor& dx, Tensor& loss_sum) const {
   Backend& be = ctx.backend;
   Tensor logits, row_max, sum_exp;
   Tensor x_full = enter_tp_region(ctx, x);
-  double loss = loss_pieces(ctx, x_full, targets, logits, row_max, sum_exp);
+  loss_pieces(ctx, x_full, targets, logits, row_max, sum_exp, loss_sum);
   // [N, V/t] fp32 logits are the largest activation of the step. Their gradient overwrites them in place,
   // or, with bf16 weights, goes straight to bf16 (the precision the product reads it in, as autocast
   // rounds it), and the logits are freed before the product.
@@ -63,7 +54,6 @@ double LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Te
   Tensor grad = grad_;  // a handle onto the same storage
   be.linear_backward(dlogits, x_full, weight_->value, &dx_full, grad, nullptr);
   dx = enter_tp_region_backward(ctx, dx_full);
-  return loss;
 }
 
 }  // namespace gpt

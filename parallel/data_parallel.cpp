@@ -1,4 +1,4 @@
-// Bucketed data-parallel all-reduce, ZeRO-1 sharding, global norm, clipping and the optimizer step.
+// Bucketed data-parallel reduction, ZeRO-1 sharding, global norm, clipping factor and the optimizer step.
 #include "parallel/data_parallel.h"
 
 #include <cmath>
@@ -6,20 +6,41 @@
 namespace gpt {
 
 DataParallelOptimizer::DataParallelOptimizer(ParallelState& ps, Backend& backend, std::vector<ModelChunk*> chunks,
-                                             AdamWConfig cfg, bool distributed, int64_t bucket_bytes)
+                                             AdamWConfig cfg, bool distributed, int64_t bucket_bytes,
+                                             bool overlap_grad_reduce)
     : ps_(ps), backend_(backend), chunks_(std::move(chunks)), adam_(backend, cfg),
       distributed_(distributed && ps.dp_size() > 1), bucket_elems_(std::max<int64_t>(1, bucket_bytes / 4)) {
   for (ModelChunk* c : chunks_) {
     auto [begin, end] = shard_range(*c);
     ParameterSet& set = c->params();
-    for (auto& p : set.params()) {
-      int64_t off = set.offset_of(*p), n = p->grad.numel();
-      int64_t lo = std::max(off, begin), hi = std::min(off + n, end);
+    // The parameters' pieces inside [begin, end), in buffer order (reverse registration order); the range
+    // handed to AdamW spans exactly those (no padding).
+    std::vector<AdamW::Piece> pieces;
+    int64_t lo_all = end, hi_all = begin;
+    for (auto it = set.params().rbegin(); it != set.params().rend(); ++it) {
+      Parameter& p = **it;
+      const int64_t off = set.offset_of(p), n = p.grad.numel();
+      const int64_t lo = std::max(off, begin), hi = std::min(off + n, end);
       if (lo >= hi) continue;
-      adam_.add_segment(p.get(), set.value_buffer().slice_elems(lo, {hi - lo}),
-                        set.grad_buffer().slice_elems(lo, {hi - lo}));
+      pieces.push_back({&p, hi - lo});
+      lo_all = std::min(lo_all, lo);
+      hi_all = std::max(hi_all, hi);
     }
+    if (pieces.empty()) continue;
+    adam_.add_range(set.value_buffer().slice_elems(lo_all, {hi_all - lo_all}),
+                    set.grad_buffer().slice_elems(lo_all, {hi_all - lo_all}), pieces);
+    // The norm counts each global parameter once: not the tied copy, not tensor-parallel replicas twice.
+    const OptimizerRange& r = adam_.ranges().back();
+    std::vector<ops::FlatSegment> counted = r.segments;
+    for (size_t k = 0; k < counted.size(); ++k) {
+      const Parameter& p = *adam_.segments()[r.first_segment + k].param;
+      const bool skip = p.tied_copy || (p.tp_replicated && ps_.tp_rank() != 0);
+      counted[k].norm_slot = skip ? -1 : static_cast<int32_t>(p.global_id);
+    }
+    norm_segments_.push_back(std::move(counted));
   }
+  if (overlap_grad_reduce && ps_.dp_size() > 1)
+    reducer_ = std::make_unique<GradBucketReducer>(*ps_.dp, chunks_, bucket_elems_, distributed_);
 }
 
 std::pair<int64_t, int64_t> DataParallelOptimizer::shard_range(const ModelChunk& chunk) const {
@@ -29,8 +50,16 @@ std::pair<int64_t, int64_t> DataParallelOptimizer::shard_range(const ModelChunk&
   return {ps_.dp_rank() * shard, (ps_.dp_rank() + 1) * shard};
 }
 
+void DataParallelOptimizer::grads_done(int chunk, const std::vector<Parameter*>& params) {
+  if (reducer_) reducer_->grads_done(chunk, params);
+}
+
 void DataParallelOptimizer::reduce_gradients() {
   if (ps_.dp_size() == 1) return;
+  if (reducer_) {
+    reducer_->finish();
+    return;
+  }
   for (ModelChunk* c : chunks_) {
     Tensor& buf = c->params().grad_buffer();
     if (distributed_) {
@@ -48,28 +77,32 @@ void DataParallelOptimizer::reduce_gradients() {
   }
 }
 
-double DataParallelOptimizer::grad_norm(int64_t num_global_params) {
-  std::vector<double> squares(num_global_params, 0.0);
-  for (OptimizerSegment& s : adam_.segments()) {
-    if (s.param->tied_copy || (s.param->tp_replicated && ps_.tp_rank() != 0)) continue;
-    squares.at(s.param->global_id) += backend_.sum_squares(s.grad);
-  }
-  ps_.model_parallel->all_reduce_host(squares.data(), num_global_params);
-  if (distributed_) ps_.dp->all_reduce_host(squares.data(), num_global_params);
+void DataParallelOptimizer::add_grad_squares(Tensor& sums) {
+  for (size_t k = 0; k < norm_segments_.size(); ++k)
+    backend_.sum_squares_segments(adam_.ranges()[k].grad, norm_segments_[k], sums);
+}
+
+double DataParallelOptimizer::global_norm(std::vector<double> squares) {
+  const int64_t n = static_cast<int64_t>(squares.size());
+  ps_.model_parallel->all_reduce_host(squares.data(), n);
+  if (distributed_) ps_.dp->all_reduce_host(squares.data(), n);
   double total = 0;
   for (double v : squares) total += v;
   return std::sqrt(total);
 }
 
-void DataParallelOptimizer::unscale_and_clip(double unscale, double norm, double clip) {
-  double coeff = unscale;
-  if (clip > 0 && clip / (norm + 1e-6) < 1.0) coeff *= clip / (norm + 1e-6);
-  if (coeff == 1.0) return;
-  for (OptimizerSegment& s : adam_.segments()) backend_.scale(s.grad, static_cast<float>(coeff));
+double DataParallelOptimizer::gradient_factor(double unscale, double norm, double clip) {
+  double factor = unscale;
+  if (clip > 0 && clip / (norm + 1e-6) < 1.0) factor *= clip / (norm + 1e-6);
+  return factor;
 }
 
-void DataParallelOptimizer::step(float lr) {
-  adam_.step(lr);
+void DataParallelOptimizer::step(float lr, double grad_factor) {
+  adam_.step(lr, static_cast<float>(grad_factor));
+  all_gather_values();
+}
+
+void DataParallelOptimizer::all_gather_values() {
   if (!distributed_) return;
   for (ModelChunk* c : chunks_) {
     auto [begin, end] = shard_range(*c);

@@ -15,10 +15,13 @@ void reduce_tied_embedding(ParallelState& ps, Backend& backend, const std::vecto
 }
 
 void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<ModelChunk*>& chunks) {
+  for (ModelChunk* c : chunks) reduce_sequence_parallel_grads(ps, c->params().all());
+}
+
+void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<Parameter*>& params) {
   if (ps.tp_size() == 1) return;
-  for (ModelChunk* c : chunks)
-    for (auto& p : c->params().params())
-      if (p->sequence_parallel_grad) ps.tp->all_reduce(p->grad);
+  for (Parameter* p : params)
+    if (p->sequence_parallel_grad) ps.tp->all_reduce(p->grad);
 }
 
 }  // namespace gpt

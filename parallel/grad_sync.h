@@ -14,5 +14,7 @@ namespace gpt {
 
 void reduce_tied_embedding(ParallelState& ps, Backend& backend, const std::vector<ModelChunk*>& chunks);
 void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<ModelChunk*>& chunks);
+// The same for some parameters only (those of one block, as the overlapped backward pass completes them).
+void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<Parameter*>& params);
 
 }  // namespace gpt

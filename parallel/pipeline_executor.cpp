@@ -59,8 +59,8 @@ struct StepIo {
   }
 };
 
-double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks, const BatchLoader& loader,
-           int64_t consumed, float grad_scale, bool training) {
+void run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks, const BatchLoader& loader,
+         int64_t consumed, float grad_scale, bool training, Tensor& loss_sum, const ChunkGradsDone* grads_done) {
   const int p = ps.pp_size(), v = static_cast<int>(chunks.size());
   const int m = static_cast<int>(loader.microbatches_per_rank());
   const int stages = p * v;
@@ -68,8 +68,15 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
   bool needs_data = false;
   for (ModelChunk* c : chunks) needs_data = needs_data || c->is_first() || c->is_last();
   StepIo io{ps, loader, ctx.backend, consumed, needs_data, {}, {}, {}};
-  double loss_sum = 0;
   const std::vector<PipelineAction> actions = step_table(p, v, m, ps.pp_rank(), !training).actions;
+  // Each chunk's last backward pass of the step, and the callbacks that pass reports completed gradients to.
+  std::vector<int> last_backward(v, -1);
+  for (int k = 0; k < static_cast<int>(actions.size()); ++k)
+    if (actions[k].kind == PassKind::Backward) last_backward[actions[k].chunk] = k;
+  std::vector<ModelChunk::GradsDone> chunk_done(v);
+  if (grads_done)
+    for (int c = 0; c < v; ++c)
+      chunk_done[c] = [grads_done, c](const std::vector<Parameter*>& params) { (*grads_done)(c, params); };
   const std::vector<int>& release_at = (*cached_send_release_points(p, v, m, !training))[ps.pp_rank()];
   std::vector<std::vector<int>> released_by(actions.size() + 1);  // action index -> sends released there
   for (size_t i = 0; i < release_at.size(); ++i)
@@ -87,12 +94,11 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
     for (int sent : released_by[k]) io.release(sent);
     Tensor output;
     if (a.kind == PassKind::Forward) {
-      double loss = 0;
-      output = training ? chunk.forward(ctx, a.microbatch, b, input, grad_scale, &loss)
-                        : chunk.eval_forward(ctx, b, input, &loss);
-      if (chunk.is_last()) loss_sum += loss;
+      output = training ? chunk.forward(ctx, a.microbatch, b, input, grad_scale, &loss_sum)
+                        : chunk.eval_forward(ctx, b, input, &loss_sum);
     } else {
-      output = chunk.backward(ctx, a.microbatch, b, input);
+      const bool report = grads_done && k == last_backward[a.chunk];
+      output = chunk.backward(ctx, a.microbatch, b, input, report ? &chunk_done[a.chunk] : nullptr);
     }
     if (a.send) io.send(k, output, a.send->rank, transfer_tag(a.kind, a.send->virtual_stage, a.microbatch, stages));
     // A microbatch's inputs are no longer needed once its last pass on this rank is done.
@@ -100,19 +106,23 @@ double run(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>&
       io.batches.erase(a.microbatch);
   }
   io.finish();
-  return loss_sum;
 }
 
 }  // namespace
 
-double run_pipeline_step(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks,
-                         const BatchLoader& loader, int64_t consumed, float grad_scale) {
-  return run(ps, ctx, chunks, loader, consumed, grad_scale, true);
+void run_pipeline_step(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks,
+                       const BatchLoader& loader, int64_t consumed, float grad_scale, Tensor& loss_sum,
+                       const ChunkGradsDone* grads_done) {
+  run(ps, ctx, chunks, loader, consumed, grad_scale, true, loss_sum, grads_done);
 }
 
 double run_pipeline_eval(ParallelState& ps, LayerContext& ctx, const std::vector<ModelChunk*>& chunks,
                          const BatchLoader& loader, int64_t consumed) {
-  return run(ps, ctx, chunks, loader, consumed, 0.f, false);
+  Tensor loss_sum = ctx.backend.zeros({1}, DType::F64);
+  run(ps, ctx, chunks, loader, consumed, 0.f, false, loss_sum, nullptr);
+  double loss = 0;
+  ctx.backend.download_f64(loss_sum, &loss);
+  return loss;
 }
 
 }  // namespace gpt

@@ -605,9 +605,11 @@ ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, in
   ModelRun r;
   for (int i = 0; i < steps; ++i) {
     chunk.params().zero_grad(be);
-    chunk.forward(ctx, 0, mb, Tensor(), 1.0f / float(B * T), &r.loss);
+    Tensor loss_sum = be.zeros({1}, DType::F64);
+    chunk.forward(ctx, 0, mb, Tensor(), 1.0f / float(B * T), &loss_sum);
     chunk.backward(ctx, 0, mb, Tensor());
     chunk.reduce_tied_gradient_locally(be);
+    be.download_f64(loss_sum, &r.loss);
   }
   for (auto& p : chunk.params().params()) {
     Vec g(p->grad.numel());

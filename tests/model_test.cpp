@@ -63,15 +63,18 @@ struct TinyModel {
   // Mean token loss; with grads=true also fills every parameter's gradient of that mean.
   double loss(bool grads) {
     LayerContext ctx{*be, tp};
+    Tensor loss_sum = be->zeros({1}, DType::F64);
     double l = 0;
     if (!grads) {
-      chunk.eval_forward(ctx, batch, Tensor(), &l);
+      chunk.eval_forward(ctx, batch, Tensor(), &loss_sum);
+      be->download_f64(loss_sum, &l);
       return l;
     }
     chunk.params().zero_grad(*be);
-    chunk.forward(ctx, 0, batch, Tensor(), 1.0f / float(batch.B * batch.T), &l);
+    chunk.forward(ctx, 0, batch, Tensor(), 1.0f / float(batch.B * batch.T), &loss_sum);
     chunk.backward(ctx, 0, batch, Tensor());
     chunk.reduce_tied_gradient_locally(*be);
+    be->download_f64(loss_sum, &l);
     return l;
   }
   std::vector<float> host(const Tensor& t) {

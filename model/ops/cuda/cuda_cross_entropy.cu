@@ -3,7 +3,7 @@
 // logit; gradient). One block per row, reductions as fixed trees (cuda_reduce.cuh). Columns whose global
 // id is at or past vocab_size are padding: skipped by every stage and given a zero gradient. A target
 // outside [0, vocab_size) is reported through the device error report, raised at the next
-// synchronisation (the loss download that follows these stages).
+// synchronisation (the step's download of its sums, or an evaluation's loss download).
 #include <algorithm>
 
 #include "model/ops/cuda/cuda_backend.h"
