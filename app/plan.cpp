@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
@@ -18,7 +19,6 @@
 #include <fmt/format.h>
 
 #include "app/config.h"
-#include "app/metrics.h"
 #include "model/ops/backend.h"
 #include "parallel/process_grid.h"
 
@@ -88,20 +88,36 @@ const char* kHeader =
     "                                         |         memory per device, GiB       |      time per step, s          "
     "       |";
 
-std::string entry_json(const PlanEntry& e) {
+nlohmann::ordered_json entry_json(const PlanEntry& e) {
   const LayoutSpec& l = e.layout;
   const MemoryEstimate& m = e.memory;
   const TimeEstimate& t = e.time;
-  return fmt::format(
-      "{{\"tp\":{},\"pp\":{},\"vpp\":{},\"dp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"distributed_optimizer\":{},"
-      "\"sequence_parallel\":{},\"tflops_per_gpu\":{:.6g},\"step_time_s\":{:.6g},\"memory_bytes\":{},\"fits\":{},"
-      "\"memory\":{{\"weights\":{},\"grads\":{},\"optimizer\":{},\"activations\":{},\"pipeline_stage\":{}}},"
-      "\"time\":{{\"compute_s\":{:.6g},\"tp_comm_s\":{:.6g},\"pp_comm_s\":{:.6g},\"dp_comm_s\":{:.6g},"
-      "\"optimizer_s\":{:.6g},\"bubble_s\":{:.6g},\"bubble_fraction\":{:.6g}}}}}",
-      l.tp, l.pp, l.vpp, l.dp, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer,
-      l.sequence_parallel, t.tflops_per_device, t.step_s, m.total(), e.fits, m.weights, m.grads, m.optimizer,
-      m.activations, m.pp_rank, t.compute_s, t.tp_comm_s, t.pp_comm_s, t.dp_comm_s, t.optimizer_s, t.bubble_s,
-      t.bubble_fraction);
+  return {{"tp", l.tp},
+          {"pp", l.pp},
+          {"vpp", l.vpp},
+          {"dp", l.dp},
+          {"micro_batch", l.micro_batch},
+          {"recompute", recompute_name(l.recompute)},
+          {"distributed_optimizer", l.distributed_optimizer},
+          {"sequence_parallel", l.sequence_parallel},
+          {"tflops_per_gpu", t.tflops_per_device},
+          {"step_time_s", t.step_s},
+          {"memory_bytes", m.total()},
+          {"fits", e.fits},
+          {"memory",
+           {{"weights", m.weights},
+            {"grads", m.grads},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"pipeline_stage", m.pp_rank}}},
+          {"time",
+           {{"compute_s", t.compute_s},
+            {"tp_comm_s", t.tp_comm_s},
+            {"pp_comm_s", t.pp_comm_s},
+            {"dp_comm_s", t.dp_comm_s},
+            {"optimizer_s", t.optimizer_s},
+            {"bubble_s", t.bubble_s},
+            {"bubble_fraction", t.bubble_fraction}}}};
 }
 
 DType dtype_of(const Config& cfg) {
@@ -194,23 +210,22 @@ void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top
   }
 }
 
+// One JSON document on one line; numbers that are not finite are written as null.
 void print_json(const Plan& plan, const ModelDims& m, int64_t global_batch) {
-  std::string out = fmt::format(
-      "{{\"hardware\":{},\"devices\":{},\"devices_per_node\":{},\"usable_memory_bytes\":{:.0f},"
-      "\"model\":{{\"num_layers\":{},\"hidden_size\":{},\"num_heads\":{},\"ffn_hidden_size\":{},\"seq_length\":{},"
-      "\"vocab_size\":{},\"global_batch_size\":{}}},\"layouts\":[",
-      json_string(plan.hardware.name), plan.options.devices, plan.hardware.devices_per_node,
-      plan.hardware.usable_memory_bytes(), m.num_layers, m.hidden, m.heads, m.ffn, m.seq_length, m.vocab_size,
-      global_batch);
-  for (size_t i = 0; i < plan.layouts.size(); ++i) out += (i ? ",\n" : "\n") + entry_json(plan.layouts[i]);
-  out += "\n],\"rejected\":[";
-  for (size_t i = 0; i < plan.rejected.size(); ++i) {
-    const RejectedLayout& r = plan.rejected[i];
-    out += fmt::format("{}{{\"tp\":{},\"pp\":{},\"dp\":{},\"reason\":{}}}", i ? ",\n" : "\n", r.tp, r.pp, r.dp,
-                       json_string(r.reason));
-  }
-  out += "\n]}\n";
-  std::cout << out;
+  nlohmann::ordered_json out;
+  out["hardware"] = plan.hardware.name;
+  out["devices"] = plan.options.devices;
+  out["devices_per_node"] = plan.hardware.devices_per_node;
+  out["usable_memory_bytes"] = std::llround(plan.hardware.usable_memory_bytes());
+  out["model"] = {{"num_layers", m.num_layers}, {"hidden_size", m.hidden},     {"num_heads", m.heads},
+                  {"ffn_hidden_size", m.ffn},   {"seq_length", m.seq_length}, {"vocab_size", m.vocab_size},
+                  {"global_batch_size", global_batch}};
+  out["layouts"] = nlohmann::ordered_json::array();
+  for (const PlanEntry& e : plan.layouts) out["layouts"].push_back(entry_json(e));
+  out["rejected"] = nlohmann::ordered_json::array();
+  for (const RejectedLayout& r : plan.rejected)
+    out["rejected"].push_back({{"tp", r.tp}, {"pp", r.pp}, {"dp", r.dp}, {"reason", r.reason}});
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 // ---- CPU probe: each measurement is the best of a few repetitions ----
@@ -328,8 +343,12 @@ HardwareSpec load_hardware(const std::string& name_or_file) {
 }
 
 std::string hardware_to_yaml(const HardwareSpec& hw) {
-  std::string out = fmt::format("name: {}\ndescription: {}\ndevices_per_node: {}\n", json_string(hw.name),
-                                json_string(hw.description), hw.devices_per_node);
+  // Names in double quotes with JSON escapes, which YAML reads back as the same string.
+  auto quoted = [](const std::string& text) {
+    return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  std::string out = fmt::format("name: {}\ndescription: {}\ndevices_per_node: {}\n", quoted(hw.name),
+                                quoted(hw.description), hw.devices_per_node);
   for (const HardwareField& f : hardware_fields())
     out += fmt::format("{}: {:.6g}  # {}\n", f.key, hw.*(f.field), f.help);
   return out;
