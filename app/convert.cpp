@@ -271,24 +271,15 @@ void import_hf_gpt2(const std::string& safetensors_file, const Config& cfg, cons
   commit_checkpoint_dir(checkpoint_dir, meta, 0);
 }
 
-int convert_main(const ParsedArgs& args) {
+int convert_main(const ConvertOptions& args) {
   try {
-    args.check_options({"from", "to"});
-    const std::string from = args.get("from"), to = args.get("to");
-    if (from.empty() || to.empty())
-      throw CliError("convert needs --from and --to (run 'gpt-train --help' for usage)");
-    if (from.ends_with(".safetensors")) {
-      if (args.config.empty())
-        throw CliError("convert: importing " + from + " needs --config FILE for the model architecture");
+    if (args.from.ends_with(".safetensors")) {
       Config cfg = load_config(args.config, args.sets);
-      import_hf_gpt2(from, cfg, to);
-      std::cout << "imported " << from << " into checkpoint " << to << "/" << iteration_dir_name(0) << "\n";
-    } else if (to.ends_with(".safetensors")) {
-      export_hf_gpt2(from, to);
-      std::cout << "exported checkpoint " << from << " to " << to << " (Hugging Face GPT-2 names, F32)\n";
+      import_hf_gpt2(args.from, cfg, args.to);
+      std::cout << "imported " << args.from << " into checkpoint " << args.to << "/" << iteration_dir_name(0) << "\n";
     } else {
-      throw CliError("convert: one side must be a .safetensors file (--from CHECKPOINT --to FILE.safetensors, or "
-                     "--from FILE.safetensors --to DIR --config FILE)");
+      export_hf_gpt2(args.from, args.to);
+      std::cout << "exported checkpoint " << args.from << " to " << args.to << " (Hugging Face GPT-2 names, F32)\n";
     }
     return 0;
   } catch (const std::exception& e) {

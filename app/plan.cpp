@@ -491,59 +491,36 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
 
 // ---- the subcommand ----
 
-int plan_main(const ParsedArgs& args) {
+int plan_main(const PlanCommandOptions& args) {
   try {
-    args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
-                        "p2p-buffers", "grad-dtype", "p2p-scatter-gather", "attention", "probe", "threads"});
-    if (args.has("probe")) {
-      const std::string out = args.get("probe");
-      if (out.empty()) throw std::runtime_error("--probe needs the file to write");
-      const int threads = static_cast<int>(args.get_int("threads", omp_get_max_threads()));
-      const int per_node = static_cast<int>(args.get_int("gpus-per-node", 1));
+    if (!args.probe.empty()) {
+      const int threads = static_cast<int>(args.threads.value_or(omp_get_max_threads()));
+      const int per_node = static_cast<int>(args.gpus_per_node.value_or(1));
       HardwareSpec hw = probe_cpu(threads, per_node);
-      std::ofstream f(out);
+      std::ofstream f(args.probe);
       f << "# Written by 'gpt-train plan --probe': this machine's CPU backend as a planner hardware description.\n"
         << hardware_to_yaml(hw);
-      if (!f) throw std::runtime_error("cannot write " + out);
+      if (!f) throw std::runtime_error("cannot write " + args.probe);
       std::cout << hardware_to_yaml(hw);
       return 0;
     }
-    if (args.config.empty()) throw std::runtime_error("--config FILE is required");
-    if (!args.has("gpus")) throw std::runtime_error("--gpus N is required");
     Config cfg = load_config(args.config, args.sets);
-    const int gpus = static_cast<int>(args.get_int("gpus", 1));
-    if (gpus < 1) throw std::runtime_error("--gpus must be at least 1");
-    HardwareSpec hw = load_hardware(args.get("hardware", "h100-80g"));
-    PlanOptions o = options_from(cfg, gpus, static_cast<int>(args.get_int("gpus-per-node", 0)));
-    const std::string rc = args.get("recompute", "all");
-    if (rc != "all") o.recompute = parse_recompute(rc);
-    const std::string dist = args.get("distributed-optimizer", "all");
-    if (dist == "on" || dist == "off") o.distributed_optimizer = dist == "on";
-    else if (dist != "all") throw std::runtime_error("--distributed-optimizer: expected on, off or all, got '" + dist + "'");
-    const std::string buffers = args.get("p2p-buffers", "released");
-    if (buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
-    else if (buffers != "released")
-      throw std::runtime_error("--p2p-buffers: expected released or freed, got '" + buffers + "'");
-    const std::string grads = args.get("grad-dtype", "fp32");
-    if (grads == "compute") o.grads_in_compute_dtype = true;
-    else if (grads != "fp32") throw std::runtime_error("--grad-dtype: expected fp32 or compute, got '" + grads + "'");
-    const std::string sg = args.get("p2p-scatter-gather", "off");
-    if (sg == "on") o.p2p_scatter_gather = true;
-    else if (sg != "off") throw std::runtime_error("--p2p-scatter-gather: expected on or off, got '" + sg + "'");
-    const std::string attention = args.get("attention", "fused");
-    if (attention == "materialized") o.materialized_attention = true;
-    else if (attention != "fused")
-      throw std::runtime_error("--attention: expected fused or materialized, got '" + attention + "'");
+    const int gpus = static_cast<int>(args.gpus.value_or(1));
+    HardwareSpec hw = load_hardware(args.hardware);
+    PlanOptions o = options_from(cfg, gpus, static_cast<int>(args.gpus_per_node.value_or(0)));
+    if (args.recompute != "all") o.recompute = parse_recompute(args.recompute);
+    if (args.distributed_optimizer != "all") o.distributed_optimizer = args.distributed_optimizer == "on";
+    if (args.p2p_buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
+    o.grads_in_compute_dtype = args.grad_dtype == "compute";
+    o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
+    o.materialized_attention = args.attention == "materialized";
     const ModelDims m = model_dims_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
-    if (args.get_bool("json", false))
+    if (args.json)
       print_json(plan, m, cfg.training.global_batch_size);
     else
-      print_plan(plan, cfg, m, static_cast<int>(args.get_int("top", 20)));
+      print_plan(plan, cfg, m, static_cast<int>(args.top));
     return 0;
-  } catch (const CliError& e) {
-    std::cerr << "gpt-train plan: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
     std::cerr << "gpt-train plan: " << e.what() << "\n";
     return 1;
