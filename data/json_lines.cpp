@@ -1,11 +1,12 @@
 // One string field out of a JSON-lines record through nlohmann-json's SAX parser (see json_lines.h). A
 // record that the strict parser refuses only for a lone surrogate escape or ill-formed UTF-8 is read a
-// second time with those replaced by U+FFFD; every other error is reported as the parser found it.
+// second time with those replaced by U+FFFD (ill-formed bytes as data/utf8_repair does it); every other
+// error is reported as the parser found it.
 #include "data/json_lines.h"
 
 #include <nlohmann/json.hpp>
 
-#include "data/unicode_class.h"
+#include "data/tokenizer.h"
 
 namespace gpt {
 
@@ -87,8 +88,8 @@ class FieldPicker {
   bool picking_ = false, found_ = false;
 };
 
-// `line` with each \uXXXX escape of an unpaired surrogate and each ill-formed UTF-8 byte replaced by
-// U+FFFD; valid text is copied unchanged.
+// `line` with each \uXXXX escape of an unpaired surrogate replaced by \ufffd and each ill-formed UTF-8
+// sequence by U+FFFD (repair_utf8); valid text is copied unchanged.
 std::string replace_unreadable(std::string_view line) {
   auto hex4 = [&](size_t pos, char32_t& v) {
     if (pos + 4 > line.size()) return false;
@@ -104,29 +105,24 @@ std::string replace_unreadable(std::string_view line) {
     return true;
   };
   std::string out;
-  out.reserve(line.size() + 16);
+  out.reserve(line.size());
   for (size_t i = 0; i < line.size();) {
-    if (line[i] == '\\' && i + 1 < line.size()) {
-      char32_t v = 0, low = 0;
-      if (line[i + 1] != 'u' || !hex4(i + 2, v)) {  // another escape, or one the parser will refuse
-        out.append(line.substr(i, 2));
-        i += 2;
-      } else if (v >= 0xD800 && v <= 0xDBFF && i + 7 < line.size() && line[i + 6] == '\\' && line[i + 7] == 'u' &&
-                 hex4(i + 8, low) && low >= 0xDC00 && low <= 0xDFFF) {
-        out.append(line.substr(i, 12));  // a surrogate pair
-        i += 12;
-      } else {
-        out.append(v >= 0xD800 && v <= 0xDFFF ? std::string_view("\\ufffd") : line.substr(i, 6));
-        i += 6;
-      }
-      continue;
+    char32_t v = 0, low = 0;
+    if (line[i] != '\\' || i + 1 == line.size()) {
+      out += line[i++];
+    } else if (line[i + 1] != 'u' || !hex4(i + 2, v)) {  // another escape, or one the parser will refuse
+      out.append(line.substr(i, 2));
+      i += 2;
+    } else if (v >= 0xD800 && v <= 0xDBFF && i + 7 < line.size() && line[i + 6] == '\\' && line[i + 7] == 'u' &&
+               hex4(i + 8, low) && low >= 0xDC00 && low <= 0xDFFF) {
+      out.append(line.substr(i, 12));  // a surrogate pair
+      i += 12;
+    } else {
+      out.append(v >= 0xD800 && v <= 0xDFFF ? std::string_view("\\ufffd") : line.substr(i, 6));
+      i += 6;
     }
-    const DecodedChar c = decode_utf8(line, i);
-    if (c.code_point == 0xFFFD && c.length == 1) out += "\xEF\xBF\xBD";  // a valid U+FFFD takes 3 bytes
-    else out.append(line.substr(i, size_t(c.length)));
-    i += size_t(c.length);
   }
-  return out;
+  return repair_utf8(out);
 }
 
 // One strict parse; false with `picker.error` set when the record is refused.
