@@ -3,7 +3,9 @@
 // the message shown to the user.
 #include "app/cli_flags.h"
 
+#include <algorithm>
 #include <charconv>
+#include <sstream>
 
 #include <fmt/format.h>
 
