@@ -310,7 +310,7 @@ run_checks() {
       timeout 60 "$GPT_TRAIN" generate --load /tmp/gpt-bench-ckpt-gpt2-124m --backend cuda --tokenizer bytes \
       --temperature 0 --max-new-tokens 256 >"$LOG/generate.log" 2>&1
     local gen_rc=$?
-    generated=$(grep -oE '[0-9.]+ new token\(s\) in [0-9.]+ s: [0-9.]+ tokens/s' "$LOG/generate.log" ||
+    generated=$(grep -oE '[0-9]+ one-token decoding steps in [0-9.]+ s: [0-9.]+ tokens/s' "$LOG/generate.log" ||
                 echo "failed (exit $gen_rc)")
     tail -2 "$LOG/generate.log"
   fi
