@@ -44,7 +44,11 @@ struct GenerateError : std::runtime_error {
 
 // A tokenizer from the command line's --tokenizer and files.
 std::unique_ptr<Tokenizer> tokenizer_from_flags(const GenerateOptions& o) {
-  if (o.tokenizer == "bytes") return make_byte_tokenizer();
+  if (o.tokenizer == "bytes") {
+    if (!o.vocab_file.empty() || !o.merges_file.empty())
+      throw GenerateError("--tokenizer bytes takes no --vocab-file or --merges-file");
+    return make_byte_tokenizer();
+  }
   if (o.tokenizer == "gpt2") {
     if (o.vocab_file.empty() || o.merges_file.empty())
       throw GenerateError("--tokenizer gpt2 needs --vocab-file vocab.json and --merges-file merges.txt");
@@ -63,6 +67,8 @@ std::unique_ptr<Tokenizer> generation_tokenizer(const GenerateOptions& o, const 
                                                 const std::string& dir) {
   const std::string where = "checkpoint " + dir;
   std::unique_ptr<Tokenizer> tok;
+  if (o.tokenizer.empty() && (!o.vocab_file.empty() || !o.merges_file.empty()))
+    throw GenerateError("--vocab-file and --merges-file need --tokenizer gpt2 or spm");
   if (!o.tokenizer.empty()) {
     tok = tokenizer_from_flags(o);
   } else if (rec.empty()) {
@@ -105,16 +111,20 @@ std::string read_prompt(const GenerateOptions& o) {
 std::vector<int32_t> prompt_ids(const std::string& prompt, const Tokenizer& tok, int64_t model_vocab,
                                 int64_t seq_length) {
   std::vector<int32_t> ids = {static_cast<int32_t>(tok.eod_id())};
+  if (tok.eod_id() >= model_vocab)
+    throw GenerateError(fmt::format("the {} tokenizer's end-of-document id {} is outside the model's vocabulary of {} "
+                                    "ids: this is not the tokenizer the model was trained with (--tokenizer)",
+                                    tok.name(), tok.eod_id(), model_vocab));
   tok.encode(prompt, ids);
   for (size_t i = 1; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= model_vocab)
       throw GenerateError(fmt::format("the prompt's token {} (id {}, '{}') is outside the model's vocabulary of {} ids: "
                                       "the {} tokenizer cannot encode this prompt for this model",
                                       i, ids[i], repair_utf8(tok.decode({ids[i]})), model_vocab, tok.name()));
-  if (static_cast<int64_t>(ids.size()) >= seq_length)
+  if (static_cast<int64_t>(ids.size()) > seq_length)
     throw GenerateError(fmt::format("the prompt is {} tokens (after the start-of-document token), more than the {} the "
                                     "model's seq_length of {} leaves room for",
-                                    ids.size() - 1, seq_length - 2, seq_length));
+                                    ids.size() - 1, seq_length - 1, seq_length));
   return ids;
 }
 
@@ -158,47 +168,54 @@ int generate_main(const GenerateOptions& o) {
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }
-  cfg.checkpoint.load = o.load;
-  cfg.checkpoint.finetune = true;  // the weights only: no Adam moments are read
-  cfg.checkpoint.dir.clear();
   init_logging(0, cfg.logging.level, false, false);
 
-  const std::string dir = resolve_checkpoint(o.load);
-  if (dir.empty()) throw StartupError("checkpoint " + o.load + ": nothing to load (no metadata.yaml and no latest pointer)");
-  const std::string index = dir + "/" + kMetadataFile;
-  const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(index), index);
+  // One resolved checkpoint directory for the tokenizer record and the weights alike (a `latest` that
+  // moves meanwhile changes neither).
+  std::string dir;
   std::unique_ptr<Tokenizer> tok;
   std::vector<int32_t> context;
+  GridLayout layout;
   try {
+    dir = resolve_checkpoint(o.load);
+    if (dir.empty()) throw GenerateError("checkpoint " + o.load + ": nothing to load (no metadata.yaml and no latest pointer)");
+    const std::string index = dir + "/" + kMetadataFile;
+    const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(index), index);
     tok = generation_tokenizer(o, meta.tokenizer, dir);
     context = prompt_ids(read_prompt(o), *tok, cfg.model.vocab_size, cfg.model.seq_length);
+    layout = grid_layout_from_config(cfg.parallel, 1);
   } catch (const std::exception& e) {
     throw StartupError(e.what());
   }
+  cfg.checkpoint.load = dir;
+  cfg.checkpoint.finetune = true;  // the weights only: no Adam moments are read
+  cfg.checkpoint.dir.clear();
 
-  GridLayout layout = grid_layout_from_config(cfg.parallel, 1);
   ParallelState ps = mpi_parallel_state(layout);
-  std::unique_ptr<Backend> backend = make_backend(cfg.backend, 0);
-  backend->set_attention_backend(cfg.model.attention_backend);
-  use_device_communicators(ps, *backend);
-  Trainer trainer(cfg, ps, *backend);
-  try {
-    if (!trainer.resume()) throw StartupError("checkpoint " + o.load + ": nothing to load");
-  } catch (const CheckpointError& e) {
-    throw StartupError(e.what());
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Trainer> trainer;
+  try {  // a backend without its device, a model that does not fit: stop with the reason
+    backend = make_backend(cfg.backend, 0);
+    backend->set_attention_backend(cfg.model.attention_backend);
+    use_device_communicators(ps, *backend);
+    trainer = std::make_unique<Trainer>(cfg, ps, *backend);
+    if (!trainer->resume()) throw StartupError("checkpoint " + o.load + ": nothing to load");
+  } catch (const StartupError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw StartupError("config " + cfg.source + ": " + e.what());
   }
-  ModelChunk& model = *trainer.chunks().front();
+  ModelChunk& model = *trainer->chunks().front();
   LayerContext ctx{*backend, *ps.tp, false};
 
   // Candidates: ids the model knows and the tokenizer can decode; padding columns never win.
-  const int64_t padded = trainer.spec().padded_vocab;
+  const int64_t padded = trainer->spec().padded_vocab;
   const int64_t candidates = std::min<int64_t>(cfg.model.vocab_size, tok->vocab_size());
   const int64_t capacity = std::min<int64_t>(cfg.model.seq_length, static_cast<int64_t>(context.size()) + o.max_new_tokens);
   std::vector<float> logits(padded);
-  int64_t new_tokens = 0;
+  int64_t new_tokens = 0, steps = 0;  // steps: single-token decoding passes, which the rate counts
   double prompt_seconds = 0, step_seconds = 0;
   using Clock = std::chrono::steady_clock;
-  const std::string prompt_text = tok->decode(std::vector<int32_t>(context.begin() + 1, context.end()));
   for (int64_t s = 0; s < o.num_samples; ++s) {
     std::mt19937_64 rng(o.seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(s));
     ModelChunk::KvCache cache = model.make_kv_cache(*backend, capacity);
@@ -228,6 +245,7 @@ int generate_main(const GenerateOptions& o) {
       }
       backend->upload_i32(&next, one);
       out = model.decode(ctx, one, cache);
+      ++steps;
       backend->download(out, logits.data());
     }
     step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -235,16 +253,20 @@ int generate_main(const GenerateOptions& o) {
     if (o.num_samples > 1)
       std::printf("--- sample %lld of %lld (%zu tokens, stopped at %s) ---\n", static_cast<long long>(s + 1),
                   static_cast<long long>(o.num_samples), sample.tokens.size(), sample.stop.c_str());
-    const std::string text = repair_utf8(prompt_text + tok->decode(sample.tokens));
-    std::printf("%s\n", text.c_str());
+    // Prompt and continuation decoded together, so a piece that joins them keeps its spacing; the text
+    // may hold NUL bytes.
+    std::vector<int32_t> all(context.begin() + 1, context.end());
+    all.insert(all.end(), sample.tokens.begin(), sample.tokens.end());
+    const std::string text = repair_utf8(tok->decode(all)) + "\n";
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   }
   std::fprintf(stderr,
-               "generate: %lld sample(s), %lld new token(s) in %.3f s: %.1f tokens/s (prompt of %zu tokens: %.3f s per "
-               "sample); backend %s, %s\n",
-               static_cast<long long>(o.num_samples), static_cast<long long>(new_tokens), step_seconds,
-               new_tokens / std::max(step_seconds, 1e-9), context.size(), prompt_seconds / o.num_samples,
-               backend->name().c_str(), cfg.precision.dtype.c_str());
+               "generate: %lld sample(s), %lld new token(s); %lld one-token decoding steps in %.3f s: %.1f tokens/s "
+               "(prompt of %zu tokens plus the start of document: %.3f s per sample); backend %s, %s\n",
+               static_cast<long long>(o.num_samples), static_cast<long long>(new_tokens), static_cast<long long>(steps),
+               step_seconds, steps / std::max(step_seconds, 1e-9), context.size() - 1,
+               prompt_seconds / o.num_samples, backend->name().c_str(), cfg.precision.dtype.c_str());
   return 0;
 }
 

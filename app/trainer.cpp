@@ -80,7 +80,8 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
   }
   if (ps_.rank == 0 && !cfg.logging.metrics_file.empty())
     metrics_ = std::make_unique<MetricsWriter>(cfg.logging.metrics_file);
-  tokenizer_ = tokenizer_record_from_config(cfg);
+  // Only rank 0 writes the checkpoint index, and only a run with checkpoint.dir saves one.
+  if (ps_.rank == 0 && !cfg.checkpoint.dir.empty()) tokenizer_ = tokenizer_record_from_config(cfg, &tokenizer_files_);
 }
 
 Trainer::~Trainer() = default;

@@ -6,6 +6,7 @@
 // gradient squares, which stay on the device until then.
 #pragma once
 #include <chrono>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -65,6 +66,7 @@ class Trainer {
   LossScaler& loss_scaler() { return scaler_; }
   int64_t iteration() const { return iteration_; }
   const TokenizerRecord& tokenizer() const { return tokenizer_; }
+  const std::map<std::string, std::string>& tokenizer_files() const { return tokenizer_files_; }
   int64_t consumed_samples() const { return consumed_; }
   void set_progress(int64_t iteration, int64_t consumed) { iteration_ = iteration, consumed_ = consumed; }
   // Distributed checkpoint (app/trainer_checkpoint.cpp): save writes checkpoint.dir/iter_NNNNNNN from every
@@ -102,7 +104,10 @@ class Trainer {
   std::string resumed_without_moments_;  // the checkpoint loaded, when it held no Adam moments
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();  // for exit_duration_mins
   std::unique_ptr<MetricsWriter> metrics_;
-  TokenizerRecord tokenizer_;  // what checkpoints record of the data's tokenizer (trainer_checkpoint.cpp)
+  // What checkpoints record of the data's tokenizer, and its files' bytes (trainer_checkpoint.cpp); set on
+  // rank 0 of a run that saves checkpoints.
+  TokenizerRecord tokenizer_;
+  std::map<std::string, std::string> tokenizer_files_;
   // Since the last log line: steps, seconds, loss sum, skipped steps, communication seconds and bytes.
   struct Interval {
     int64_t steps = 0, skipped = 0;
@@ -114,9 +119,10 @@ class Trainer {
 
 ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank);
 // The tokenizer of the configured data (empty for synthetic data): name, hash, vocabulary and end-of-
-// document id from the shards, plus data.vocab_file / data.merges_file when set, after checking that they
-// are the tokenizer the shards were made with. Throws ConfigError naming the key otherwise.
-TokenizerRecord tokenizer_record_from_config(const Config& cfg);
+// document id from the shards; with data.vocab_file / data.merges_file set, their bytes by role (vocab,
+// merges, model) in *files, once checked to be the tokenizer the shards were made with. Throws
+// ConfigError naming the key otherwise.
+TokenizerRecord tokenizer_record_from_config(const Config& cfg, std::map<std::string, std::string>* files);
 // precision.dtype ("fp32", "bf16", "fp16") as a DType; ConfigError naming the key otherwise.
 DType dtype_from_name(const std::string& name);
 

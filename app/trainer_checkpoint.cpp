@@ -33,6 +33,7 @@ CheckpointModel checkpoint_model(Trainer& t) {
   m.config_yaml = dump_config(t.config());
   m.save_optimizer_state = t.config().checkpoint.save_optimizer;
   m.tokenizer = t.tokenizer();
+  m.tokenizer_files = t.tokenizer_files();
   // Every global tensor with its global shape: a full single-rank description (no memory is allocated).
   ModelSpec full = t.spec();
   full.tp_size = 1;
@@ -45,7 +46,7 @@ CheckpointModel checkpoint_model(Trainer& t) {
 
 }  // namespace
 
-TokenizerRecord tokenizer_record_from_config(const Config& cfg) {
+TokenizerRecord tokenizer_record_from_config(const Config& cfg, std::map<std::string, std::string>* files) {
   TokenizerRecord r;
   const DataConfig& d = cfg.data;
   const std::vector<std::string>& shards = d.train.empty() ? d.valid : d.train;
@@ -70,10 +71,11 @@ TokenizerRecord tokenizer_record_from_config(const Config& cfg) {
         throw ConfigError("config " + cfg.source + ": data.vocab_file is set for the gpt2 tokenizer but data.merges_file "
                           "(merges.txt) is not");
       tok = make_gpt2_tokenizer(d.vocab_file, d.merges_file);
-      r.files = {{"vocab", d.vocab_file}, {"merges", d.merges_file}};
+      *files = {{"vocab", read_file_bytes(d.vocab_file, "data.vocab_file")},
+                {"merges", read_file_bytes(d.merges_file, "data.merges_file")}};
     } else {
       tok = make_spm_tokenizer(d.vocab_file);
-      r.files = {{"model", d.vocab_file}};
+      *files = {{"model", read_file_bytes(d.vocab_file, "data.vocab_file")}};
     }
   } catch (const ConfigError&) {
     throw;

@@ -7,7 +7,7 @@ decodes greedily from the same prompt with both:
   - gpt-train generate (key/value cache, --temperature 0);
   - a small PyTorch GPT-2 written here from the published architecture (pre-LN, tanh GELU, tied head),
     with its own preallocated key/value cache, reading the exported safetensors.
-Reports new tokens per second for each (prompt excluded), their ratio, and how many of the greedy tokens
+Reports one-token decoding steps per second for each (the prompt's pass excluded), their ratio, and how many of the greedy tokens
 agree (candidates are the byte tokenizer's 257 ids, as gpt-train's generate restricts them; compared as
 decoded text, invalid UTF-8 replaced on both sides).
 
@@ -125,7 +125,7 @@ def main():
     cache = []
     with torch.no_grad():
         logits = model.step(torch.tensor(ids), cache)
-        new_ids = []
+        new_ids, steps = [], 0  # steps: one-token decoding passes, as gpt-train counts them
         t0 = time.perf_counter()
         while len(new_ids) < a.new_tokens:
             nxt = int(torch.argmax(logits[:257]))
@@ -135,8 +135,9 @@ def main():
             if len(new_ids) == a.new_tokens or len(ids) + len(new_ids) == a.seq:
                 break
             logits = model.step(torch.tensor([nxt]), cache)
+            steps += 1
         torch_s = time.perf_counter() - t0
-    theirs = len(new_ids) / torch_s
+    theirs = steps / torch_s
     text_theirs = bytes(new_ids).decode("utf-8", "replace")
     agree = 0
     for x, y in zip(text_ours, text_theirs):

@@ -180,22 +180,20 @@ std::string newest_verified_checkpoint(const std::string& dir, const CheckpointM
                                     dir, list));
 }
 
-// Copies the tokenizer's source files into the staging directory's tokenizer/ (durably, before the
-// commit), and returns the record with the copies' paths relative to the checkpoint directory.
-TokenizerRecord store_tokenizer_files(const TokenizerRecord& sources, const fs::path& staging) {
-  TokenizerRecord stored = sources;
+// Writes the tokenizer's files into the staging directory's tokenizer/ under fixed names (durably,
+// before the commit), and returns the record with their paths relative to the checkpoint directory.
+TokenizerRecord store_tokenizer_files(const TokenizerRecord& record, const std::map<std::string, std::string>& files,
+                                      const fs::path& staging) {
+  static const std::map<std::string, std::string> kNames = {
+      {"vocab", "vocab.json"}, {"merges", "merges.txt"}, {"model", "spm.model"}};
+  TokenizerRecord stored = record;
   stored.files.clear();
-  if (sources.files.empty()) return stored;
+  if (files.empty()) return stored;
   fs::create_directories(staging / "tokenizer");
-  for (const auto& [role, source] : sources.files) {
-    const std::string name = "tokenizer/" + role + "_" + fs::path(source).filename().string();
-    std::string bytes;
-    try {
-      bytes = read_text_file(source);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("copying the tokenizer's " + role + " file " + source + " into the checkpoint: " +
-                               e.what());
-    }
+  for (const auto& [role, bytes] : files) {
+    auto it = kNames.find(role);
+    if (it == kNames.end()) throw std::logic_error("checkpoint: unknown tokenizer file role '" + role + "'");
+    const std::string name = "tokenizer/" + it->second;
     write_file_durably((staging / name).string(), bytes);
     stored.files[role] = name;
   }
@@ -260,7 +258,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
       meta.padded_vocab = m.padded_vocab;
       meta.tensors = m.global_shapes;
       meta.config_yaml = m.config_yaml;
-      meta.tokenizer = store_tokenizer_files(m.tokenizer, tmp_dir);
+      meta.tokenizer = store_tokenizer_files(m.tokenizer, m.tokenizer_files, tmp_dir);
       meta.has_optimizer_state = m.save_optimizer_state;
       for (size_t r = 0; r < entries.size(); ++r) {
         if (entries[r].empty()) continue;

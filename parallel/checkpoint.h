@@ -36,9 +36,10 @@ struct CheckpointModel {
   int64_t virtual_pipeline = 1;
   int64_t vocab_size = 0, padded_vocab = 0;
   std::string config_yaml;             // dump_config() of this run
-  // The run's tokenizer, with `files` naming its source files (role -> path) that rank 0 copies into the
-  // checkpoint's tokenizer/ directory; empty for synthetic data.
+  // The run's tokenizer (empty for synthetic data) and its files' bytes by role (vocab, merges, model),
+  // which rank 0 writes into the checkpoint's tokenizer/ directory; the record's `files` is filled then.
   TokenizerRecord tokenizer;
+  std::map<std::string, std::string> tokenizer_files;
   std::map<std::string, Shape> global_shapes;  // every global tensor of the model, in this layout
   // Save the Adam moments (checkpoint.save_optimizer). Without them the checkpoint holds the weights
   // (and fp32 master weights) only: a third of the bytes, for release or evaluation; a run resumed from it

@@ -2,6 +2,8 @@
 // lets any layout read any other layout's pieces), CRC-32, and the metadata index as YAML (written with
 // yaml-cpp's emitter, read back with range and type checks that name the key that is wrong).
 #include <yaml-cpp/yaml.h>
+
+#include <filesystem>
 #include <zlib.h>
 
 #include <algorithm>
@@ -375,11 +377,16 @@ CheckpointMeta checkpoint_meta_from_yaml(const std::string& text, const std::str
     YAML::Node files = r.child(t, "files", "tokenizer");
     if (!files.IsMap()) throw CheckpointError(source + ": 'tokenizer.files' is not a mapping of role -> file");
     for (const auto& kv : files) {
-      const std::string file = kv.second.as<std::string>();
-      if (file.empty() || file.front() == '/' || file.find("..") != std::string::npos)
-        throw CheckpointError(source + ": tokenizer.files." + kv.first.as<std::string>() + " '" + file +
+      const std::string role = kv.first.Scalar();
+      if (!kv.second.IsScalar())
+        throw CheckpointError(source + ": tokenizer.files." + role + " is not a file name");
+      const std::string file = kv.second.Scalar();
+      bool inside = !file.empty() && file.front() != '/';
+      for (const auto& part : std::filesystem::path(file)) inside = inside && part != "..";
+      if (!inside)
+        throw CheckpointError(source + ": tokenizer.files." + role + " '" + file +
                               "' is not a path inside the checkpoint directory");
-      m.tokenizer.files[kv.first.as<std::string>()] = file;
+      m.tokenizer.files[role] = file;
     }
   }
   return m;

@@ -5,8 +5,9 @@
 # repeats its samples, and --num-samples prints that many. A GPT-2 BPE model trained with data.vocab_file /
 # data.merges_file carries the files in its checkpoint and generates from them; without them generate
 # asks for the files. Bad input stops with a message: an empty prompt, a prompt longer than seq_length,
-# a prompt the model's vocabulary cannot hold, a checkpoint without a tokenizer record, more than one rank,
-# a bad sampling option, tokenizer files that do not match the data. Usage: generate_cli_test.sh GPT_TRAIN SRC_DIR
+# a tokenizer whose end-of-document id or whose prompt pieces the model's vocabulary cannot hold, a
+# checkpoint without a tokenizer record, more than one rank, a bad sampling option, tokenizer files
+# without --tokenizer, tokenizer files that do not match the data. Usage: generate_cli_test.sh GPT_TRAIN SRC_DIR
 source "$(dirname "$0")/cli_test_lib.sh"
 
 # Documents the model can learn a little of in a few steps.
@@ -65,16 +66,25 @@ expect_error "generate runs on one rank.*started on 2" "${MPI[@]}" -np 2 "$BIN" 
 expect_error "give --prompt or --prompt-file, not both" "$BIN" generate --load "$TMP/ckpt" --prompt a \
   --prompt-file "$TMP/prompt.txt"
 
-# Synthetic data records no tokenizer; a 64-id model cannot hold most bytes.
+# Synthetic data records no tokenizer; the bytes tokenizer's end-of-document id 256 is outside a 64-id model.
 timeout 120 "$BIN" train --config "$CFG" --set model.vocab_size=64 --set training.train_iters=2 --set eval.interval=0 \
   --set logging.metrics_file= --set checkpoint.dir="$TMP/synthetic" >"$TMP/synthetic.log" 2>&1 ||
   { echo "FAIL: training on synthetic data"; tail -5 "$TMP/synthetic.log"; fail=1; }
 expect_error "records no tokenizer.*--tokenizer bytes" "$BIN" generate --load "$TMP/synthetic"
-expect_error "token 1 \(id 104, 'h'\) is outside the model's vocabulary of 64" \
+expect_error "bytes tokenizer's end-of-document id 256 is outside the model's vocabulary of 64" \
   "$BIN" generate --load "$TMP/synthetic" --tokenizer bytes --prompt "hello"
-timeout 60 "$BIN" generate --load "$TMP/synthetic" --tokenizer bytes --prompt "!" --max-new-tokens 4 \
+expect_error "--vocab-file and --merges-file need --tokenizer" "$BIN" generate --load "$TMP/synthetic" --vocab-file x
+timeout 120 "$BIN" train --config "$CFG" --set model.vocab_size=260 --set training.train_iters=2 --set eval.interval=0 \
+  --set logging.metrics_file= --set checkpoint.dir="$TMP/synthetic260" >"$TMP/synthetic260.log" 2>&1 ||
+  { echo "FAIL: training on synthetic data (260 ids)"; tail -5 "$TMP/synthetic260.log"; fail=1; }
+timeout 60 "$BIN" generate --load "$TMP/synthetic260" --tokenizer bytes --prompt "!" --max-new-tokens 4 \
   >"$TMP/synthetic.out" 2>&1 && echo "ok: --tokenizer for a checkpoint without a record" ||
   { echo "FAIL: --tokenizer bytes on the synthetic checkpoint"; cat "$TMP/synthetic.out"; fail=1; }
+# A SentencePiece vocabulary of 400 pieces against the 260-id model: merged pieces of the prompt fall outside.
+"$BIN" prep --input "$TMP/corpus.txt" --doc-separator % --tokenizer spm --vocab-size 400 --output-prefix "$TMP/spm" \
+  >"$TMP/prep_spm.log" 2>&1 || { echo "FAIL: prep spm"; tail -3 "$TMP/prep_spm.log"; fail=1; }
+expect_error "the prompt's token [0-9]+ \(id [0-9]+, '.*'\) is outside the model's vocabulary of 260 ids: the spm tokenizer cannot encode" \
+  "$BIN" generate --load "$TMP/synthetic260" --tokenizer spm --vocab-file "$TMP/spm.spm.model" --prompt "the cat sat on the mat"
 
 # GPT-2 BPE: the files travel in the checkpoint when the config names them.
 V=$SRC/tests/data/gpt2_tiny/vocab.json
@@ -85,7 +95,7 @@ BPE=(--config "$CFG" --set model.vocab_size=512 --set training.train_iters=4 --s
      --set logging.metrics_file= --set "data.train=[$TMP/bpe]" --set data.tokenizer=gpt2)
 timeout 120 "$BIN" train "${BPE[@]}" --set data.vocab_file="$V" --set data.merges_file="$M" \
   --set checkpoint.dir="$TMP/bpe_ckpt" >"$TMP/bpe.log" 2>&1 || { echo "FAIL: training gpt2"; tail -5 "$TMP/bpe.log"; fail=1; }
-if ls "$TMP"/bpe_ckpt/iter_*/tokenizer/vocab_vocab.json >/dev/null 2>&1 &&
+if ls "$TMP"/bpe_ckpt/iter_*/tokenizer/vocab.json >/dev/null 2>&1 &&
    timeout 60 "$BIN" generate --load "$TMP/bpe_ckpt" --prompt "the cat" --temperature 0 --max-new-tokens 8 \
      >"$TMP/bpe.out" 2>"$TMP/bpe.err" && grep -q '^the cat' "$TMP/bpe.out"; then
   echo "ok: gpt2 tokenizer files in the checkpoint"
@@ -103,10 +113,11 @@ expect_error "trained on data tokenized with gpt2@.*not bytes@bytes" \
   "$BIN" generate --load "$TMP/bpe_nofiles" --tokenizer bytes
 expect_error "data.vocab_file .* is set, but the data was tokenized with bytes" \
   "$BIN" train --config "$CFG" --set model.vocab_size=512 --set "data.train=[$TMP/bytes]" \
-  --set data.vocab_file="$V" --set data.merges_file="$M" --set training.train_iters=1
+  --set data.vocab_file="$V" --set data.merges_file="$M" --set training.train_iters=1 --set checkpoint.dir="$TMP/x1"
 { cat "$V"; echo; } >"$TMP/other_vocab.json"  # the same ids, other bytes: another vocabulary hash
 expect_error "data.vocab_file .* is gpt2@.*but the data was tokenized with gpt2@" \
-  "$BIN" train "${BPE[@]}" --set data.vocab_file="$TMP/other_vocab.json" --set data.merges_file="$M"
+  "$BIN" train "${BPE[@]}" --set data.vocab_file="$TMP/other_vocab.json" --set data.merges_file="$M" \
+  --set checkpoint.dir="$TMP/x2"
 expect_error "data.vocab_file: GPT-2 vocab file .*merges.txt' is not a JSON object" \
-  "$BIN" train "${BPE[@]}" --set data.vocab_file="$M" --set data.merges_file="$V"
+  "$BIN" train "${BPE[@]}" --set data.vocab_file="$M" --set data.merges_file="$V" --set checkpoint.dir="$TMP/x3"
 exit $fail

@@ -29,7 +29,7 @@ ops::AttentionDims check(const Tensor& qkv, const Tensor& probs, int64_t B, int6
   require_float(qkv, op, "qkv");
   require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D]");
   require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T]");
-  return {B, T, H, D};
+  return {B, T, H, D, T};
 }
 
 constexpr int64_t kBlock = 64;
