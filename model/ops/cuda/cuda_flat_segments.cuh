@@ -7,10 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <vector>
-
-#include "model/ops/flat_segments.h"
-#include "model/tensor.h"
 
 namespace gpt::cuda {
 
@@ -31,8 +27,7 @@ struct DeviceSegmentTable {
   int64_t tiles = 0;
 };
 
-// The segment (and the first element of its tile) that block `tile` works on: the last segment whose
-// first tile is at or before it.
+// The segment that tile `tile` lies in: the last segment whose first tile is at or before it.
 __device__ inline const DeviceSegment& segment_of_tile(const DeviceSegment* segments, int count, int64_t tile) {
   int lo = 0, hi = count - 1;
   while (lo < hi) {
