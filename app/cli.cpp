@@ -1,29 +1,44 @@
-// The hand-written argv parser behind app/cli.h and the --help text. Kept free of config knowledge:
-// --set values are only checked for the key=value shape here; the config loader types and checks them.
+// parse_command_line: the words a user typed, through CLI11 and the subcommand table, into one
+// subcommand's options. Done here, around CLI11: `help [SUBCOMMAND]`, the train default, the unknown
+// subcommand message (a close match suggested, or the train command for a YAML file), unknown options named
+// with their subcommand, and every error ending with where to find the usage. Config knowledge stays out:
+// --set values are only checked for the key=value shape; the config loader types and checks them.
 #include "app/cli.h"
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <set>
+#include <memory>
+#include <regex>
 
 #include <fmt/format.h>
 
+#include "app/cli_flags.h"
 #include "app/config_schema.h"
 
 namespace gpt {
+
 namespace {
 
-// Options that are switches; they never consume the next argument.
-const std::set<std::string> kFlags = {"help", "dump", "version", "random-init"};
+constexpr const char* kOverview = "gpt-train: train GPT models with tensor, pipeline and data parallelism";
 
-bool is_subcommand(const std::string& name) {
-  return std::any_of(subcommands().begin(), subcommands().end(),
-                     [&](const Subcommand& s) { return name == s.name; });
-}
+constexpr const char* kCommonOptions =
+    "Options of the subcommands that read a config (train, eval, config, plan, convert):\n"
+    "  --config FILE          YAML config (configs/tiny-cpu.yaml is a small demo)\n"
+    "  --set key.path=value   override one config key, typed as in the YAML, e.g. --set model.num_layers=4\n"
+    "                         or --set data.train=[a,b]; may repeat, applied in order\n"
+    "\n"
+    "'gpt-train SUBCOMMAND --help' lists a subcommand's options. Without a subcommand, gpt-train trains: "
+    "'gpt-train --config FILE' is 'gpt-train train --config FILE'. 'gpt-train config --config FILE --dump' "
+    "prints every config key with its value.";
 
-[[noreturn]] void fail(const std::string& what) {
-  throw CliError(what + " (run 'gpt-train --help' for usage)");
+// The CLI11 application with every subcommand; `table` keeps the subcommands' options.
+std::unique_ptr<CLI::App> make_app(std::unique_ptr<SubcommandTable>& table) {
+  auto app = std::make_unique<CLI::App>(kOverview, "gpt-train");
+  app->formatter(std::make_shared<HelpFormatter>());
+  app->require_subcommand(0, 1);  // at most one; later words equal to a subcommand name are values
+  table = std::make_unique<SubcommandTable>(*app);
+  define_subcommands(*table);
+  app->footer(kCommonOptions);  // after the subcommands, which would inherit it
+  return app;
 }
 
 std::string unknown_subcommand_message(const std::string& name) {
@@ -34,7 +49,7 @@ std::string unknown_subcommand_message(const std::string& name) {
   size_t best_distance = 3;  // suggest only close matches
   std::string known;
   for (const Subcommand& s : subcommands()) {
-    known += (known.empty() ? "" : ", ") + std::string(s.name);
+    known += (known.empty() ? "" : ", ") + s.name;
     size_t d = edit_distance(name, s.name);
     if (d < best_distance) {
       best_distance = d;
@@ -42,170 +57,133 @@ std::string unknown_subcommand_message(const std::string& name) {
     }
   }
   if (!best.empty()) message += fmt::format(" (did you mean '{}'?)", best);
-  return message + "; known: " + known;
+  return message + "; known: " + known + " (run 'gpt-train --help' for usage)";
+}
+
+// The words left over after parsing `sub` (CLI11 keeps them: extras are allowed) as an error.
+void refuse_extras(const CLI::App& sub) {
+  const std::vector<std::string> extras = sub.remaining();
+  if (extras.empty()) return;
+  auto option =
+      std::find_if(extras.begin(), extras.end(), [](const std::string& w) { return w.size() > 1 && w[0] == '-'; });
+  if (option == extras.end())
+    throw CliError(
+        fmt::format("unexpected argument '{}' for '{}' (it takes only options)", extras.front(), sub.get_name()));
+  std::string known;
+  for (const CLI::Option* o : sub.get_options())
+    if (!o->get_lnames().empty() && o->get_lnames().front() != "help") known += " --" + o->get_lnames().front();
+  const std::string name = option->substr(0, option->find('='));
+  throw CliError(fmt::format("unknown option {} for '{}'; known:{}", name, sub.get_name(), known));
+}
+
+// A bare --name that needs a value takes the next word only when that word is not itself an option
+// ("--config --set a=1" lacks the file; a value starting with "--" is written --name=VALUE). CLI11 would
+// take the next word whatever it is, so this is checked first.
+void refuse_missing_values(const CLI::App& sub, const std::vector<std::string>& words) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w == "--") return;
+    if (w.size() < 3 || w.compare(0, 2, "--") != 0 || w.find('=') != std::string::npos) continue;
+    const CLI::Option* o = sub.get_option_no_throw(w);
+    if (!o || o->get_expected_min() < 1) continue;
+    if (i + 1 == words.size() || words[i + 1].compare(0, 2, "--") == 0)
+      throw CliError(w + " needs " + o->get_type_name());
+  }
+}
+
+// A CLI11 error in the words this project uses: "--config needs FILE" for a missing value.
+std::string describe(const CLI::ParseError& e) {
+  static const std::regex missing_value(R"(^(--[\w-]+): \d+ required (.+) missing$)");
+  std::smatch m;
+  const std::string what = e.what();
+  if (std::regex_match(what, m, missing_value)) return m[1].str() + " needs " + m[2].str();
+  return what;
+}
+
+std::string usage_hint(const std::string& command) {
+  return fmt::format(" (see 'gpt-train {}--help')", command.empty() ? "" : command + " ");
 }
 
 }  // namespace
 
-const std::vector<Subcommand>& subcommands() {
-  static const std::vector<Subcommand> list = {
-      {"train", "train a model from a config (the default when the first argument is an option)"},
-      {"eval", "validation loss of a checkpoint (--load DIR; its own config unless --config), or of the initial "
-               "weights (--random-init)"},
-      {"prep", "tokenize text files into HDF5 token shards"},
-      {"schedule", "print the pipeline schedule table for given pipeline, virtual and microbatch sizes"},
-      {"config", "load and validate a config; --dump prints every key with its value"},
-      {"plan", "rank parallel layouts for a config on N GPUs by predicted step time and memory (--gpus N)"},
-      {"convert", "export a checkpoint to Hugging Face GPT-2 safetensors, or import one"},
-      {"generate", "sample text from a checkpoint on one rank (--load DIR [--prompt TEXT] [--max-new-tokens N] "
-                   "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--num-samples N])"},
-  };
-  return list;
+std::vector<Subcommand> subcommands() {
+  std::unique_ptr<SubcommandTable> table;
+  auto app = make_app(table);
+  std::vector<Subcommand> out;
+  for (const SubcommandTable::Entry& e : table->entries())
+    out.push_back({e.app->get_name(), e.app->get_description()});
+  return out;
 }
 
-ParsedArgs parse_args(int argc, char** argv) {
-  std::vector<std::string> args;
-  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
-  return parse_args(args);
+std::string usage_text() {
+  std::unique_ptr<SubcommandTable> table;
+  return make_app(table)->help();
 }
 
-ParsedArgs parse_args(const std::vector<std::string>& args) {
-  ParsedArgs parsed;
-  size_t i = 0;
+CommandLine parse_command_line(int argc, char** argv) {
+  return parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+}
+
+CommandLine parse_command_line(const std::vector<std::string>& given) {
+  std::vector<std::string> args = given;
+  if (!args.empty() && args[0] == "help")  // `help` and `help SUBCOMMAND`
+    args = args.size() > 1 ? std::vector<std::string>{args[1], "--help"} : std::vector<std::string>{"--help"};
+  std::unique_ptr<SubcommandTable> table;
+  auto app = make_app(table);
+  const auto& entries = table->entries();
   if (!args.empty()) {
     const std::string& first = args[0];
-    if (first == "help") {
-      parsed.help = true;
-      i = 1;
-    } else if (first == "--help" || first == "-h") {
-      // Plain `gpt-train --help` asks for the overview, not for train's help; the loop records it.
-    } else if (!first.empty() && first[0] == '-') {
-      parsed.command = "train";
-    } else if (is_subcommand(first)) {
-      parsed.command = first;
-      i = 1;
-    } else {
-      fail(unknown_subcommand_message(first));
+    const bool known = std::any_of(entries.begin(), entries.end(),
+                                   [&](const SubcommandTable::Entry& e) { return e.app->get_name() == first; });
+    if (!first.empty() && first[0] == '-') {
+      if (first != "--help" && first != "-h") args.insert(args.begin(), "train");  // gpt-train --config FILE
+    } else if (!known) {
+      throw CliError(unknown_subcommand_message(first));
     }
   }
 
-  bool config_given = false;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      parsed.positional.insert(parsed.positional.end(), args.begin() + i + 1, args.end());
-      break;
+  CommandLine out;
+  const SubcommandTable::Entry* chosen = nullptr;
+  auto chosen_name = [&] { return chosen ? chosen->app->get_name() : std::string(); };
+  try {
+    for (const auto& e : entries)
+      if (!args.empty() && e.app->get_name() == args[0]) {
+        chosen = &e;
+        const bool help =
+            std::any_of(args.begin(), args.end(), [](const std::string& w) { return w == "--help" || w == "-h"; });
+        if (!help) refuse_missing_values(*e.app, std::vector<std::string>(args.begin() + 1, args.end()));
+      }
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes the words last first
+    try {
+      app->parse(reversed);
+    } catch (const CLI::ParseError&) {
+      for (const auto& e : entries)
+        if (e.app->parsed()) chosen = &e;
+      throw;
     }
-    if (arg == "-h") {
-      parsed.help = true;
-      continue;
+    for (const auto& e : entries)
+      if (e.app->parsed()) chosen = &e;
+    if (!chosen) {  // no words at all
+      out.help_text = app->help();
+      return out;
     }
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
-      // "-x" is not an option syntax here; a lone "-" or a negative number is a positional argument.
-      bool negative_number = arg.size() > 1 && arg[0] == '-' && (std::isdigit(static_cast<unsigned char>(arg[1])) || arg[1] == '.');
-      if (arg.size() > 1 && arg[0] == '-' && !negative_number)
-        fail(fmt::format("unknown option '{}' (options are spelled --name)", arg));
-      parsed.positional.push_back(arg);
-      continue;
-    }
-    std::string name = arg.substr(2);
-    std::string value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    } else if (!kFlags.count(name) && i + 1 < args.size() && args[i + 1].compare(0, 2, "--") != 0) {
-      value = args[++i];
-      has_value = true;
-    }
-    if (name.empty()) fail(fmt::format("malformed option '{}'", arg));
-
-    if (name == "help") {
-      parsed.help = true;
-    } else if (name == "config") {
-      if (!has_value || value.empty()) fail("--config needs a file name");
-      if (config_given) fail(fmt::format("--config given twice ('{}' and '{}')", parsed.config, value));
-      parsed.config = value;
-      config_given = true;
-    } else if (name == "set") {
-      if (!has_value) fail("--set needs key.path=value");
-      if (value.find('=') == std::string::npos || value[0] == '=')
-        fail(fmt::format("--set '{}': expected key.path=value", value));
-      parsed.sets.push_back(value);
-    } else {
-      parsed.options[name].push_back(value);
-    }
+    refuse_extras(*chosen->app);
+    for (const auto& check : chosen->flags->checks()) check();
+  } catch (const CLI::CallForHelp&) {
+    out.command = chosen_name();
+    out.help = true;
+    out.help_text = app->help();  // the chosen subcommand's, or the overview
+    return out;
+  } catch (const CLI::ParseError& e) {
+    throw CliError(describe(e) + usage_hint(chosen_name()));
+  } catch (const CliError& e) {
+    throw CliError(e.what() + usage_hint(chosen_name()));
   }
-  return parsed;
-}
-
-bool ParsedArgs::has(const std::string& name) const { return options.count(name) > 0; }
-
-std::string ParsedArgs::get(const std::string& name, const std::string& fallback) const {
-  auto it = options.find(name);
-  return it == options.end() ? fallback : it->second.back();
-}
-
-std::vector<std::string> ParsedArgs::get_all(const std::string& name) const {
-  auto it = options.find(name);
-  return it == options.end() ? std::vector<std::string>{} : it->second;
-}
-
-int64_t ParsedArgs::get_int(const std::string& name, int64_t fallback) const {
-  if (!has(name)) return fallback;
-  std::string text = get(name);
-  int64_t value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    fail(fmt::format("--{} expects an integer, got '{}'", name, text));
-  return value;
-}
-
-double ParsedArgs::get_double(const std::string& name, double fallback) const {
-  if (!has(name)) return fallback;
-  std::string text = get(name);
-  double value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    fail(fmt::format("--{} expects a number, got '{}'", name, text));
-  return value;
-}
-
-bool ParsedArgs::get_bool(const std::string& name, bool fallback) const {
-  if (!has(name)) return fallback;
-  std::string text = get(name);
-  if (text.empty() || text == "true" || text == "yes" || text == "on" || text == "1") return true;
-  if (text == "false" || text == "no" || text == "off" || text == "0") return false;
-  fail(fmt::format("--{} expects true or false, got '{}'", name, text));
-}
-
-void ParsedArgs::check_options(const std::vector<std::string>& allowed) const {
-  for (const auto& [name, values] : options) {
-    if (std::find(allowed.begin(), allowed.end(), name) != allowed.end()) continue;
-    std::string known;
-    for (const std::string& a : allowed) known += " --" + a;
-    fail(fmt::format("unknown option --{} for '{}'{}", name, command.empty() ? "gpt-train" : command,
-                     allowed.empty() ? std::string("; it takes only --config and --set") : "; known:" + known));
-  }
-}
-
-std::string usage_text(const std::string& program) {
-  std::string text = fmt::format(
-      "{0}: train GPT models with tensor, pipeline and data parallelism\n\n"
-      "usage: {0} [SUBCOMMAND] [--config FILE] [--set key.path=value ...] [options]\n\n"
-      "subcommands:\n",
-      program);
-  for (const Subcommand& s : subcommands()) text += fmt::format("  {:<10} {}\n", s.name, s.summary);
-  text += fmt::format(
-      "\ncommon options:\n"
-      "  --config FILE          YAML config (configs/tiny-cpu.yaml is a small demo)\n"
-      "  --set key.path=value   override one config key, typed as in the YAML, e.g. --set model.num_layers=4\n"
-      "                         or --set data.train=[a,b]; may repeat, applied in order\n"
-      "  --help, -h             this text\n\n"
-      "'{} config --config FILE --dump' prints every config key with its value.\n",
-      program);
-  return text;
+  out.command = chosen_name();
+  out.under_mpi = chosen->under_mpi;
+  out.options = chosen->options();
+  out.runner = chosen->run;
+  return out;
 }
 
 }  // namespace gpt

@@ -1,60 +1,54 @@
-// Command-line parsing for gpt-train, by hand: `gpt-train [SUBCOMMAND] [--config FILE] [--set k=v ...]
-// [--name value | --name=value | --flag ...] [positional ...]`. The subcommand defaults to `train` when the
-// first argument is an option; `--set` may repeat and keeps its order; other options land in a map that
-// the subcommand reads with get / get_int / has and can check against the options it knows.
+// The command line of gpt-train: `gpt-train [SUBCOMMAND] [options]`, parsed with CLI11 into the typed
+// options struct of one subcommand (TrainOptions, PrepOptions, ...). Each subcommand's flags are defined
+// once, in app/cli_subcommands.cpp; every subcommand has its own --help, and `gpt-train --help` lists
+// them. The subcommand defaults to `train` when the first argument is an option. Options are spelled
+// --name VALUE or --name=VALUE; --set may repeat and keeps its order.
 #pragma once
-#include <cstdint>
-#include <map>
+#include <any>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace gpt {
 
-// Bad command line; the message says what is wrong and points at --help.
+// Bad command line (exit status 2); the message says what is wrong and where to find the usage.
 struct CliError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
 struct Subcommand {
-  const char* name;
-  const char* summary;  // one line for --help
+  std::string name;
+  std::string summary;  // one line for `gpt-train --help`
 };
-// train, eval, prep, schedule, config, plan.
-const std::vector<Subcommand>& subcommands();
+// Every subcommand, in the order `gpt-train --help` lists them.
+std::vector<Subcommand> subcommands();
 
-struct ParsedArgs {
-  std::string command;                 // a name from subcommands(); "" when no arguments were given
-  std::string config;                  // --config FILE; "" when absent
-  std::vector<std::string> sets;       // every --set key.path=value, in order
-  std::vector<std::string> positional;  // arguments that are not options (and everything after "--")
-  std::map<std::string, std::vector<std::string>> options;  // other --name values ("" for a bare flag)
-  bool help = false;                   // --help, -h or `gpt-train help`
+// What the command line asks for.
+struct CommandLine {
+  std::string command;    // a name from subcommands(); "" when none was given
+  bool help = false;      // --help, -h or `gpt-train help [SUBCOMMAND]`: print help_text and exit 0
+  std::string help_text;  // the subcommand's own help, or the overview without one
+  bool under_mpi = false; // the subcommand runs after MPI_Init (train, eval)
+  std::any options;       // the subcommand's options struct; empty when help or no subcommand
 
-  bool has(const std::string& name) const;
-  // The last value given for --name, or `fallback` when absent.
-  std::string get(const std::string& name, const std::string& fallback = "") const;
-  // Typed reads; a value that is not of the type throws CliError naming the option.
-  int64_t get_int(const std::string& name, int64_t fallback) const;
-  double get_double(const std::string& name, double fallback) const;
-  // A bare --name is true; a value must be true/false/yes/no/on/off/1/0.
-  bool get_bool(const std::string& name, bool fallback) const;
-  // Every value given for --name, in order.
-  std::vector<std::string> get_all(const std::string& name) const;
-  // Throws CliError for any option not in `allowed` (names without "--"); --config, --set and --help
-  // are always allowed.
-  void check_options(const std::vector<std::string>& allowed) const;
+  // The options as their struct; throws std::bad_any_cast for another subcommand's type.
+  template <class Options>
+  const Options& get() const {
+    return std::any_cast<const Options&>(options);
+  }
+  // Runs the subcommand on its options and returns its exit status.
+  int run() const { return runner(options); }
+
+  std::function<int(const std::any&)> runner;
 };
 
-// A bare `--name` takes the next argument as its value unless that argument starts with "--" or `name`
-// is a flag that never takes a value (help, dump, version, random-init). Use --name=value to be explicit.
-// Throws CliError for an unknown subcommand, a --config or --set without a value, or a --set that is
-// not key=value.
-ParsedArgs parse_args(int argc, char** argv);
-// Same for the arguments after the program name.
-ParsedArgs parse_args(const std::vector<std::string>& args);
+// Throws CliError for an unknown subcommand (with a suggestion), an option the subcommand does not know
+// (naming the subcommand), a value of the wrong type, or a combination the subcommand refuses.
+CommandLine parse_command_line(const std::vector<std::string>& args);  // the words after the program name
+CommandLine parse_command_line(int argc, char** argv);
 
-// The --help text: usage, every subcommand with its summary, the common options.
-std::string usage_text(const std::string& program = "gpt-train");
+// The overview: every subcommand with its summary and the options shared by those that read a config.
+std::string usage_text();
 
 }  // namespace gpt

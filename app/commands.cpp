@@ -1,5 +1,5 @@
-// Subcommand implementations: train, eval, schedule, config. Each turns the parsed command line into a
-// validated config and a process grid, then hands over to the trainer or prints what was asked for.
+// Subcommand implementations: train, eval, schedule, config. Each turns its options into a validated
+// config and a process grid, then hands over to the trainer or prints what was asked for.
 #include "app/commands.h"
 
 #include <mpi.h>
@@ -36,6 +36,16 @@
 namespace gpt {
 
 namespace {
+
+// What train and eval share: the subcommand and its options.
+struct DistributedRun {
+  std::string command;  // train | eval
+  std::string config;
+  std::vector<std::string> sets;
+  std::string load;
+  std::optional<int64_t> iters;  // eval only
+  bool random_init = false;      // eval only
+};
 
 // Evaluation batches that split over `world` ranks. evaluate() averages equal-sized microbatches, so its
 // loss is the mean over the samples [0, iters x global_batch_size) whatever the micro batch and the
@@ -96,8 +106,8 @@ namespace {
 // eval --load DIR without --config: the checkpoint's own config (config_of_checkpoint) with the command
 // line's --set applied last, and evaluation batches fitted to the world size unless --set chooses them.
 // The same on every rank; `note` receives what fitting the batch changed.
-Config config_from_checkpoint(const ParsedArgs& args, int world, std::string& note) {
-  Config cfg = config_of_checkpoint(args.get("load"), args.sets);
+Config config_from_checkpoint(const DistributedRun& args, int world, std::string& note) {
+  Config cfg = config_of_checkpoint(args.load, args.sets);
   const bool batch_set = std::any_of(args.sets.begin(), args.sets.end(), [](const std::string& s) {
     return s.rfind("training.micro_batch_size=", 0) == 0 || s.rfind("training.global_batch_size=", 0) == 0;
   });
@@ -111,8 +121,8 @@ Config config_from_checkpoint(const ParsedArgs& args, int world, std::string& no
   return cfg;
 }
 
-Config load_or_startup_error(const ParsedArgs& args, int world, std::string& note) {
-  if (args.config.empty() && args.command == "eval" && args.has("load"))
+Config load_or_startup_error(const DistributedRun& args, int world, std::string& note) {
+  if (args.config.empty() && args.command == "eval" && !args.load.empty())
     return config_from_checkpoint(args, world, note);
   if (args.config.empty())
     throw StartupError("--config FILE is required for '" + args.command + "'" +
@@ -206,12 +216,13 @@ int set_threads(const Config& cfg, int ranks_on_host) {
 // The most passes (all ranks together) `gpt-train schedule` prints: about 100 MB of text.
 constexpr int64_t kMaxPrintedPasses = 20'000'000;
 
-int schedule_main(const ParsedArgs& args) {
-  args.check_options({"pp", "vpp", "microbatches"});
+int schedule_main(const ScheduleOptions& options) {
   try {
-    int p = static_cast<int>(args.get_int("pp", 1));
-    int v = static_cast<int>(args.get_int("vpp", 1));
-    int m = static_cast<int>(args.get_int("microbatches", 1));
+    if (options.pp > INT32_MAX || options.vpp > INT32_MAX || options.microbatches > INT32_MAX)
+      throw std::runtime_error("--pp, --vpp and --microbatches must each be at most 2147483647");
+    int p = static_cast<int>(options.pp);
+    int v = static_cast<int>(options.vpp);
+    int m = static_cast<int>(options.microbatches);
     validate_schedule_args(p, v, m);
     // Every rank's table is printed and simulated: 2 p v m passes per rank, p ranks.
     const double passes = 2.0 * p * p * v * m;
@@ -228,11 +239,10 @@ int schedule_main(const ParsedArgs& args) {
   }
 }
 
-int config_main(const ParsedArgs& args) {
-  args.check_options({"dump"});
+int config_main(const ConfigCommandOptions& options) {
   try {
-    Config cfg = args.config.empty() ? load_config_string("{}", "<defaults>", args.sets)
-                                     : load_config(args.config, args.sets);
+    Config cfg = options.config.empty() ? load_config_string("{}", "<defaults>", options.sets)
+                                        : load_config(options.config, options.sets);
     std::cout << dump_config(cfg);
     return 0;
   } catch (const std::exception& e) {
@@ -241,21 +251,11 @@ int config_main(const ParsedArgs& args) {
   }
 }
 
-int run_distributed_command(const ParsedArgs& args) {
-  if (args.command != "train" && args.command != "eval")
-    throw StartupError("subcommand '" + args.command + "' is not available in this build");
+namespace {
+
+int run_distributed(const DistributedRun& args) {
   const bool eval = args.command == "eval";
-  args.check_options(eval ? std::vector<std::string>{"load", "iters", "random-init"}
-                          : std::vector<std::string>{"load"});
-  // Command-line mistakes first, before any work (CliError: the same on every rank).
-  if (args.has("iters") && args.get_int("iters", 0) < 0)
-    throw CliError("--iters " + args.get("iters") +
-                   ": expected a number of batches >= 0 (0 evaluates each split once through) (run 'gpt-train "
-                   "--help' for usage)");
-  const bool random_init = eval && args.get_bool("random-init", false);
-  if (random_init && args.has("load"))
-    throw CliError("--random-init evaluates the initial weights and --load a checkpoint's: give one of them (run "
-                   "'gpt-train --help' for usage)");
+  const bool random_init = eval && args.random_init;
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -271,7 +271,7 @@ int run_distributed_command(const ParsedArgs& args) {
     error = e.what();
   }
   agree_or_throw<StartupError>(*startup_world, error);
-  if (args.has("load")) cfg.checkpoint.load = args.get("load");
+  if (!args.load.empty()) cfg.checkpoint.load = args.load;
   if (eval && !cfg.checkpoint.load.empty()) cfg.checkpoint.dir.clear();  // eval what --load names
   init_logging(rank, cfg.logging.level, cfg.logging.all_ranks, discover_launch_env().launcher != Launcher::None);
   require_same_config(*startup_world, cfg);
@@ -377,7 +377,7 @@ int run_distributed_command(const ParsedArgs& args) {
     }
   }
   // --iters 0 evaluates each split once through; the default is eval.iters batches.
-  int64_t iters = args.get_int("iters", cfg.eval.iters);
+  int64_t iters = args.iters.value_or(cfg.eval.iters);
   trainer.evaluate_and_log("valid", iters);
   if (!cfg.data.train.empty()) {
     // Only opening the split may fail softly (a split string that gives it no documents), and alike on
@@ -393,6 +393,16 @@ int run_distributed_command(const ParsedArgs& args) {
     else if (rank == 0) spdlog::warn("test split not evaluated: {}", unavailable);
   }
   return 0;
+}
+
+}  // namespace
+
+int train_main(const TrainOptions& o) {
+  return run_distributed({"train", o.config, o.sets, o.load, std::nullopt, false});
+}
+
+int eval_main(const EvalOptions& o) {
+  return run_distributed({"eval", o.config, o.sets, o.load, o.iters, o.random_init});
 }
 
 }  // namespace gpt

@@ -1,10 +1,12 @@
-// The subcommands of gpt-train, each a function of the parsed command line returning the exit status.
+// The subcommands train, eval, schedule and config: their options (filled from the command line by
+// app/cli_subcommands.cpp) and the functions that run them, each returning the exit status.
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "app/cli.h"
 #include "app/config.h"
 
 namespace gpt {
@@ -19,9 +21,35 @@ struct StartupError : std::runtime_error {
 // parallel over every rank, no checkpoint saving; `sets` applied last. Throws StartupError.
 Config config_of_checkpoint(const std::string& load, const std::vector<std::string>& sets);
 
-int schedule_main(const ParsedArgs& args);  // print pipeline schedule tables (no MPI)
-int config_main(const ParsedArgs& args);    // --dump the effective config (no MPI)
-// train and eval, under MPI_Init.
-int run_distributed_command(const ParsedArgs& args);
+struct TrainOptions {
+  std::string config;             // --config FILE
+  std::vector<std::string> sets;  // --set key.path=value, in order
+  std::string load;               // --load DIR: checkpoint.load
+};
+
+struct EvalOptions {
+  std::string config;  // "" with --load: the checkpoint's own config
+  std::vector<std::string> sets;
+  std::string load;               // --load DIR: the checkpoint to evaluate
+  std::optional<int64_t> iters;   // batches per split; 0 = each split once through; absent = eval.iters
+  bool random_init = false;       // evaluate the initial weights of training.seed
+};
+
+struct ScheduleOptions {
+  int64_t pp = 1, vpp = 1, microbatches = 1;
+};
+
+struct ConfigCommandOptions {
+  std::string config;  // "" = the defaults
+  std::vector<std::string> sets;
+  bool dump = false;  // accepted for clarity: the effective config is always printed
+};
+
+// Run under MPI_Init, on every rank.
+int train_main(const TrainOptions& options);
+int eval_main(const EvalOptions& options);
+// No MPI.
+int schedule_main(const ScheduleOptions& options);  // print pipeline schedule tables
+int config_main(const ConfigCommandOptions& options);  // print the effective config
 
 }  // namespace gpt

@@ -1,10 +1,10 @@
-// Checkpoint <-> Hugging Face GPT-2 safetensors. safetensors is written by hand: an 8-byte little-endian
-// header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}} padded with
-// spaces to a multiple of 8 bytes, then the raw little-endian tensors back to back. Both directions
-// stream one tensor at a time, so converting needs memory for the largest tensor only.
+// Checkpoint <-> Hugging Face GPT-2 safetensors: an 8-byte little-endian header length, a JSON header
+// {"__metadata__": {...}, name: {dtype, shape, data_offsets}, ...} (nlohmann-json) padded with spaces to a
+// multiple of 8 bytes, then the raw little-endian tensors back to back. Both directions stream one tensor
+// at a time, so converting needs memory for the largest tensor only.
 #include "app/convert.h"
 
-#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -15,7 +15,7 @@
 #include <iostream>
 #include <map>
 
-#include "data/json_text.h"
+#include "data/json_lines.h"
 #include "model/ops/half.h"
 #include "parallel/checkpoint_format.h"
 
@@ -85,16 +85,6 @@ std::vector<float> transposed(const std::vector<float>& in, int64_t rows, int64_
   return out;
 }
 
-std::string json_shape(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) out += ',';
-    out += std::to_string(s[i]);
-  }
-  out += ']';
-  return out;
-}
-
 }  // namespace
 
 void export_hf_gpt2(const std::string& checkpoint, const std::string& safetensors_file) {
@@ -113,12 +103,17 @@ void export_hf_gpt2(const std::string& checkpoint, const std::string& safetensor
 
   // Header first: every shape and offset is known before any data is read.
   std::vector<Shape> ours(names.size()), theirs(names.size());
-  std::string header = fmt::format(
-      "{{\"__metadata__\":{{\"format\":\"pt\",\"source\":\"gpt-train\",\"iteration\":\"{}\",\"n_layer\":\"{}\","
-      "\"n_embd\":\"{}\",\"n_head\":\"{}\",\"n_inner\":\"{}\",\"n_positions\":\"{}\",\"vocab_size\":\"{}\","
-      "\"layer_norm_epsilon\":\"{}\"}}",
-      meta.iteration, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_heads, cfg.ffn_hidden(),
-      cfg.model.seq_length, V, cfg.model.layernorm_eps);
+  nlohmann::ordered_json json_header;
+  json_header["__metadata__"] = {{"format", "pt"},
+                                 {"source", "gpt-train"},
+                                 {"iteration", std::to_string(meta.iteration)},
+                                 {"n_layer", std::to_string(cfg.model.num_layers)},
+                                 {"n_embd", std::to_string(cfg.model.hidden_size)},
+                                 {"n_head", std::to_string(cfg.model.num_heads)},
+                                 {"n_inner", std::to_string(cfg.ffn_hidden())},
+                                 {"n_positions", std::to_string(cfg.model.seq_length)},
+                                 {"vocab_size", std::to_string(V)},
+                                 {"layer_norm_epsilon", fmt::format("{}", cfg.model.layernorm_eps)}};
   int64_t offset = 0;
   for (size_t i = 0; i < names.size(); ++i) {
     auto it = meta.tensors.find(names[i].ours);
@@ -131,11 +126,10 @@ void export_hf_gpt2(const std::string& checkpoint, const std::string& safetensor
       theirs[i][0] = V;
     }
     const int64_t bytes = shape_numel(theirs[i]) * 4;
-    header += fmt::format(",{}:{{\"dtype\":\"F32\",\"shape\":{},\"data_offsets\":[{},{}]}}", json_quote(names[i].hf),
-                          json_shape(theirs[i]), offset, offset + bytes);
+    json_header[names[i].hf] = {{"dtype", "F32"}, {"shape", theirs[i]}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  header += "}";
+  std::string header = json_header.dump();
   while ((8 + header.size()) % 8 != 0) header += ' ';
 
   const std::string tmp = safetensors_file + ".tmp";
@@ -186,13 +180,13 @@ void import_hf_gpt2(const std::string& safetensors_file, const Config& cfg, cons
   std::string header(header_len, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_len));
   const int64_t data_start = 8 + static_cast<int64_t>(header_len);
-  YAML::Node root;
+  nlohmann::json root;
   try {
-    root = YAML::Load(header);
-  } catch (const YAML::Exception& e) {
-    throw CheckpointError("convert: " + file + ": the header is not valid JSON (" + e.what() + ")");
+    root = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw CheckpointError("convert: " + file + ": the header is not valid JSON (" + json_error_text(e) + ")");
   }
-  if (!root.IsMap()) throw CheckpointError("convert: " + file + ": the header is not a JSON object");
+  if (!root.is_object()) throw CheckpointError("convert: " + file + ": the header is not a JSON object");
 
   struct Entry {
     DType dtype = DType::F32;
@@ -200,25 +194,28 @@ void import_hf_gpt2(const std::string& safetensors_file, const Config& cfg, cons
     int64_t begin = 0, end = 0;
   };
   std::map<std::string, Entry> entries;  // by HF name with the "transformer." prefix
-  for (const auto& kv : root) {
-    std::string name = kv.first.as<std::string>();
+  for (const auto& [key, value] : root.items()) {
+    std::string name = key;
     if (name == "__metadata__") continue;
     if (!name.starts_with("transformer.") && name != "lm_head.weight") name = "transformer." + name;
     // The causal-mask buffers of older exports and the tied head carry no weights of their own.
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name == "lm_head.weight") continue;
     Entry e;
+    std::string dtype;
     try {
-      const std::string dtype = kv.second["dtype"].as<std::string>();
-      if (dtype == "F32") e.dtype = DType::F32;
-      else if (dtype == "F16") e.dtype = DType::F16;
-      else if (dtype == "BF16") e.dtype = DType::BF16;
-      else throw CheckpointError("convert: " + file + ": tensor " + name + " has dtype " + dtype + " (F32, F16 or BF16 expected)");
-      for (const auto& d : kv.second["shape"]) e.shape.push_back(d.as<int64_t>());
-      e.begin = kv.second["data_offsets"][0].as<int64_t>();
-      e.end = kv.second["data_offsets"][1].as<int64_t>();
-    } catch (const YAML::Exception&) {
+      value.at("dtype").get_to(dtype);
+      value.at("shape").get_to(e.shape);
+      const auto& offsets = value.at("data_offsets");
+      if (offsets.size() != 2) throw std::invalid_argument("data_offsets");
+      offsets.at(0).get_to(e.begin);
+      offsets.at(1).get_to(e.end);
+    } catch (const std::exception&) {
       throw CheckpointError("convert: " + file + ": tensor " + name + " lacks a valid dtype, shape or data_offsets");
     }
+    if (dtype == "F32") e.dtype = DType::F32;
+    else if (dtype == "F16") e.dtype = DType::F16;
+    else if (dtype == "BF16") e.dtype = DType::BF16;
+    else throw CheckpointError("convert: " + file + ": tensor " + name + " has dtype " + dtype + " (F32, F16 or BF16 expected)");
     const int64_t elem = e.dtype == DType::F32 ? 4 : 2;
     if (e.begin < 0 || e.end < e.begin || data_start + e.end > size || e.end - e.begin != shape_numel(e.shape) * elem)
       throw CheckpointError(fmt::format("convert: {}: tensor {} has data_offsets [{}, {}] that do not fit its shape {} "
@@ -274,24 +271,15 @@ void import_hf_gpt2(const std::string& safetensors_file, const Config& cfg, cons
   commit_checkpoint_dir(checkpoint_dir, meta, 0);
 }
 
-int convert_main(const ParsedArgs& args) {
+int convert_main(const ConvertOptions& args) {
   try {
-    args.check_options({"from", "to"});
-    const std::string from = args.get("from"), to = args.get("to");
-    if (from.empty() || to.empty())
-      throw CliError("convert needs --from and --to (run 'gpt-train --help' for usage)");
-    if (from.ends_with(".safetensors")) {
-      if (args.config.empty())
-        throw CliError("convert: importing " + from + " needs --config FILE for the model architecture");
+    if (args.from.ends_with(".safetensors")) {
       Config cfg = load_config(args.config, args.sets);
-      import_hf_gpt2(from, cfg, to);
-      std::cout << "imported " << from << " into checkpoint " << to << "/" << iteration_dir_name(0) << "\n";
-    } else if (to.ends_with(".safetensors")) {
-      export_hf_gpt2(from, to);
-      std::cout << "exported checkpoint " << from << " to " << to << " (Hugging Face GPT-2 names, F32)\n";
+      import_hf_gpt2(args.from, cfg, args.to);
+      std::cout << "imported " << args.from << " into checkpoint " << args.to << "/" << iteration_dir_name(0) << "\n";
     } else {
-      throw CliError("convert: one side must be a .safetensors file (--from CHECKPOINT --to FILE.safetensors, or "
-                     "--from FILE.safetensors --to DIR --config FILE)");
+      export_hf_gpt2(args.from, args.to);
+      std::cout << "exported checkpoint " << args.from << " to " << args.to << " (Hugging Face GPT-2 names, F32)\n";
     }
     return 0;
   } catch (const std::exception& e) {

@@ -5,8 +5,8 @@
 // writes a checkpoint (iteration 0, weights only: the optimizer starts fresh) that any layout can load.
 #pragma once
 #include <string>
+#include <vector>
 
-#include "app/cli.h"
 #include "app/config.h"
 
 namespace gpt {
@@ -17,7 +17,15 @@ void export_hf_gpt2(const std::string& checkpoint, const std::string& safetensor
 // architecture (heads, eps, ...) and is stored as the checkpoint's config; the file's shapes must match it.
 void import_hf_gpt2(const std::string& safetensors_file, const Config& cfg, const std::string& checkpoint_dir);
 
-// --from CHECKPOINT --to FILE.safetensors, or --from FILE.safetensors --to DIR --config FILE [--set ...].
-int convert_main(const ParsedArgs& args);
+// The options of `gpt-train convert` (defined on the command line in app/cli_subcommands.cpp): --from
+// CHECKPOINT --to FILE.safetensors, or --from FILE.safetensors --to DIR --config FILE [--set ...].
+struct ConvertOptions {
+  std::string from, to;
+  std::string config;             // import: the model architecture
+  std::vector<std::string> sets;
+};
+
+// Exit status 0, or 1 with the message on stderr.
+int convert_main(const ConvertOptions& options);
 
 }  // namespace gpt

@@ -178,20 +178,24 @@ int generate_main(const GenerateOptions& o) {
 
   GridLayout layout = grid_layout_from_config(cfg.parallel, 1);
   ParallelState ps = mpi_parallel_state(layout);
-  std::unique_ptr<Backend> backend = make_backend(cfg.backend, 0);
-  backend->set_attention_backend(cfg.model.attention_backend);
-  use_device_communicators(ps, *backend);
-  Trainer trainer(cfg, ps, *backend);
-  try {
-    if (!trainer.resume()) throw StartupError("checkpoint " + o.load + ": nothing to load");
-  } catch (const CheckpointError& e) {
-    throw StartupError(e.what());
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Trainer> trainer;
+  try {  // a backend without its device, a model that does not fit: stop with the reason
+    backend = make_backend(cfg.backend, 0);
+    backend->set_attention_backend(cfg.model.attention_backend);
+    use_device_communicators(ps, *backend);
+    trainer = std::make_unique<Trainer>(cfg, ps, *backend);
+    if (!trainer->resume()) throw StartupError("checkpoint " + o.load + ": nothing to load");
+  } catch (const StartupError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw StartupError("config " + cfg.source + ": " + e.what());
   }
-  ModelChunk& model = *trainer.chunks().front();
+  ModelChunk& model = *trainer->chunks().front();
   LayerContext ctx{*backend, *ps.tp, false};
 
   // Candidates: ids the model knows and the tokenizer can decode; padding columns never win.
-  const int64_t padded = trainer.spec().padded_vocab;
+  const int64_t padded = trainer->spec().padded_vocab;
   const int64_t candidates = std::min<int64_t>(cfg.model.vocab_size, tok->vocab_size());
   const int64_t capacity = std::min<int64_t>(cfg.model.seq_length, static_cast<int64_t>(context.size()) + o.max_new_tokens);
   std::vector<float> logits(padded);

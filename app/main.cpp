@@ -1,4 +1,5 @@
-// gpt-train entry point: parses the command line, starts MPI, and dispatches to a subcommand.
+// gpt-train entry point: parses the command line (app/cli.h), runs a subcommand that needs no MPI at once,
+// or starts MPI and runs one that does (train, eval, generate).
 // Start-up errors that every rank hits alike (config, layout) are printed once by rank 0 and every rank
 // exits 1; an error on one rank later on aborts the whole job with a message naming that rank, so no
 // rank is left waiting in a collective.
@@ -13,11 +14,6 @@
 
 #include "app/cli.h"
 #include "app/commands.h"
-#include "app/config.h"
-#include "app/convert.h"
-#include "app/generate.h"
-#include "app/plan.h"
-#include "app/prep.h"
 
 namespace {
 
@@ -30,27 +26,26 @@ int world_rank() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gpt::ParsedArgs args;
+  gpt::CommandLine command;
   try {
-    args = gpt::parse_args(argc, argv);
+    command = gpt::parse_command_line(argc, argv);
   } catch (const gpt::CliError& e) {
     std::fprintf(stderr, "gpt-train: %s\n", e.what());
     return 2;
   }
-  if (args.help || args.command.empty()) {
-    std::cout << gpt::usage_text();
-    return args.help ? 0 : 2;
+  if (command.help || command.command.empty()) {
+    std::cout << command.help_text;
+    return command.help ? 0 : 2;
   }
-  // Subcommands that need no MPI run before MPI_Init so they work without a launcher.
-  try {
-    if (args.command == "schedule") return gpt::schedule_main(args);
-    if (args.command == "plan") return gpt::plan_main(args);
-    if (args.command == "config") return gpt::config_main(args);
-    if (args.command == "convert") return gpt::convert_main(args);
-    if (args.command == "prep") return gpt::prep_main(std::vector<std::string>(argv + 2, argv + argc));
-  } catch (const gpt::CliError& e) {  // an option the subcommand does not know
-    std::fprintf(stderr, "gpt-train: %s\n", e.what());
-    return 2;
+  // Subcommands that need no MPI run before MPI_Init so they work without a launcher; each reports its
+  // own errors.
+  if (!command.under_mpi) {
+    try {
+      return command.run();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpt-train %s: error: %s\n", command.command.c_str(), e.what());
+      return 1;
+    }
   }
 
   // Threads: the watchdog's census talks MPI from its own thread while the main thread may be blocked in
@@ -63,37 +58,11 @@ int main(int argc, char** argv) {
   const int rank = world_rank();
   int rc = 0;
   try {
-    if (args.command == "generate") {
-      args.check_options({"load", "prompt", "prompt-file", "max-new-tokens", "temperature", "top-k", "top-p", "seed",
-                          "num-samples", "backend", "tokenizer", "vocab-file", "merges-file"});
-      gpt::GenerateOptions o;
-      o.load = args.get("load");
-      o.config = args.config;
-      o.sets = args.sets;
-      o.prompt_given = args.has("prompt");
-      o.prompt = args.get("prompt");
-      o.prompt_file = args.get("prompt-file");
-      o.max_new_tokens = args.get_int("max-new-tokens", o.max_new_tokens);
-      o.temperature = args.get_double("temperature", o.temperature);
-      o.top_k = args.get_int("top-k", o.top_k);
-      o.top_p = args.get_double("top-p", o.top_p);
-      o.seed = static_cast<uint64_t>(args.get_int("seed", static_cast<int64_t>(o.seed)));
-      o.num_samples = args.get_int("num-samples", o.num_samples);
-      o.backend = args.get("backend");
-      o.tokenizer = args.get("tokenizer");
-      o.vocab_file = args.get("vocab-file");
-      o.merges_file = args.get("merges-file");
-      rc = gpt::generate_main(o);
-    } else {
-      rc = gpt::run_distributed_command(args);
-    }
+    rc = command.run();
   } catch (const gpt::StartupError& e) {
     // Every rank threw the same error from the same inputs.
     if (rank == 0) std::fprintf(stderr, "gpt-train: error: %s\n", e.what());
     rc = 1;
-  } catch (const gpt::CliError& e) {  // likewise: an option this subcommand does not know
-    if (rank == 0) std::fprintf(stderr, "gpt-train: %s\n", e.what());
-    rc = 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt-train: [rank %d] error: %s\n", rank, e.what());
     std::fflush(stderr);

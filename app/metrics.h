@@ -33,7 +33,4 @@ class MetricsWriter {
   std::FILE* file_ = nullptr;
 };
 
-// `text` as a JSON string literal, quotes included (escapes quotes, backslashes and control characters).
-std::string json_string(const std::string& text);
-
 }  // namespace gpt

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -20,7 +21,6 @@
 #include <fmt/format.h>
 
 #include "app/config.h"
-#include "app/metrics.h"
 #include "app/plan_explain.h"
 #include "model/ops/backend.h"
 #include "parallel/process_grid.h"
@@ -118,22 +118,40 @@ const char* kHeader =
     "                                         |         memory per device, GiB       |      time per step, s          "
     "       |";
 
-std::string entry_json(const PlanEntry& e) {
+nlohmann::ordered_json entry_json(const PlanEntry& e) {
   const LayoutSpec& l = e.layout;
   const MemoryEstimate& m = e.memory;
   const TimeEstimate& t = e.time;
-  return fmt::format(
-      "{{\"tp\":{},\"pp\":{},\"vpp\":{},\"dp\":{},\"micro_batch\":{},\"recompute\":\"{}\",\"distributed_optimizer\":{},"
-      "\"sequence_parallel\":{},\"overlap\":\"{}\",\"tflops_per_gpu\":{:.6g},\"step_time_s\":{:.6g},\"memory_bytes\":{},"
-      "\"fits\":{},"
-      "\"memory\":{{\"weights\":{},\"grads\":{},\"optimizer\":{},\"activations\":{},\"pipeline_stage\":{}}},"
-      "\"time\":{{\"compute_s\":{:.6g},\"tp_comm_s\":{:.6g},\"pp_comm_s\":{:.6g},\"dp_comm_s\":{:.6g},"
-      "\"optimizer_s\":{:.6g},\"bubble_s\":{:.6g},\"bubble_fraction\":{:.6g},\"tp_comm_hidden_s\":{:.6g},"
-      "\"pp_comm_hidden_s\":{:.6g},\"dp_comm_hidden_s\":{:.6g}}}}}",
-      l.tp, l.pp, l.vpp, l.dp, l.micro_batch, recompute_name(l.recompute), l.distributed_optimizer,
-      l.sequence_parallel, l.overlaps.str(), t.tflops_per_device, t.step_s, m.total(), e.fits, m.weights, m.grads,
-      m.optimizer, m.activations, m.pp_rank, t.compute_s, t.tp_comm_s, t.pp_comm_s, t.dp_comm_s, t.optimizer_s,
-      t.bubble_s, t.bubble_fraction, t.tp_comm_hidden_s, t.pp_comm_hidden_s, t.dp_comm_hidden_s);
+  return {{"tp", l.tp},
+          {"pp", l.pp},
+          {"vpp", l.vpp},
+          {"dp", l.dp},
+          {"micro_batch", l.micro_batch},
+          {"recompute", recompute_name(l.recompute)},
+          {"distributed_optimizer", l.distributed_optimizer},
+          {"sequence_parallel", l.sequence_parallel},
+          {"overlap", l.overlaps.str()},
+          {"tflops_per_gpu", t.tflops_per_device},
+          {"step_time_s", t.step_s},
+          {"memory_bytes", m.total()},
+          {"fits", e.fits},
+          {"memory",
+           {{"weights", m.weights},
+            {"grads", m.grads},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"pipeline_stage", m.pp_rank}}},
+          {"time",
+           {{"compute_s", t.compute_s},
+            {"tp_comm_s", t.tp_comm_s},
+            {"pp_comm_s", t.pp_comm_s},
+            {"dp_comm_s", t.dp_comm_s},
+            {"optimizer_s", t.optimizer_s},
+            {"bubble_s", t.bubble_s},
+            {"bubble_fraction", t.bubble_fraction},
+            {"tp_comm_hidden_s", t.tp_comm_hidden_s},
+            {"pp_comm_hidden_s", t.pp_comm_hidden_s},
+            {"dp_comm_hidden_s", t.dp_comm_hidden_s}}}};
 }
 
 DType dtype_of(const Config& cfg) {
@@ -230,23 +248,22 @@ void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top
   }
 }
 
+// One JSON document on one line; numbers that are not finite are written as null.
 void print_json(const Plan& plan, const ModelDims& m, int64_t global_batch) {
-  std::string out = fmt::format(
-      "{{\"hardware\":{},\"devices\":{},\"devices_per_node\":{},\"usable_memory_bytes\":{:.0f},"
-      "\"model\":{{\"num_layers\":{},\"hidden_size\":{},\"num_heads\":{},\"ffn_hidden_size\":{},\"seq_length\":{},"
-      "\"vocab_size\":{},\"global_batch_size\":{}}},\"layouts\":[",
-      json_string(plan.hardware.name), plan.options.devices, plan.hardware.devices_per_node,
-      plan.hardware.usable_memory_bytes(), m.num_layers, m.hidden, m.heads, m.ffn, m.seq_length, m.vocab_size,
-      global_batch);
-  for (size_t i = 0; i < plan.layouts.size(); ++i) out += (i ? ",\n" : "\n") + entry_json(plan.layouts[i]);
-  out += "\n],\"rejected\":[";
-  for (size_t i = 0; i < plan.rejected.size(); ++i) {
-    const RejectedLayout& r = plan.rejected[i];
-    out += fmt::format("{}{{\"tp\":{},\"pp\":{},\"dp\":{},\"reason\":{}}}", i ? ",\n" : "\n", r.tp, r.pp, r.dp,
-                       json_string(r.reason));
-  }
-  out += "\n]}\n";
-  std::cout << out;
+  nlohmann::ordered_json out;
+  out["hardware"] = plan.hardware.name;
+  out["devices"] = plan.options.devices;
+  out["devices_per_node"] = plan.hardware.devices_per_node;
+  out["usable_memory_bytes"] = std::llround(plan.hardware.usable_memory_bytes());
+  out["model"] = {{"num_layers", m.num_layers}, {"hidden_size", m.hidden},     {"num_heads", m.heads},
+                  {"ffn_hidden_size", m.ffn},   {"seq_length", m.seq_length}, {"vocab_size", m.vocab_size},
+                  {"global_batch_size", global_batch}};
+  out["layouts"] = nlohmann::ordered_json::array();
+  for (const PlanEntry& e : plan.layouts) out["layouts"].push_back(entry_json(e));
+  out["rejected"] = nlohmann::ordered_json::array();
+  for (const RejectedLayout& r : plan.rejected)
+    out["rejected"].push_back({{"tp", r.tp}, {"pp", r.pp}, {"dp", r.dp}, {"reason", r.reason}});
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 // ---- CPU probe: each measurement is the best of a few repetitions ----
@@ -406,8 +423,12 @@ HardwareSpec load_hardware(const std::string& name_or_file) {
 }
 
 std::string hardware_to_yaml(const HardwareSpec& hw) {
-  std::string out = fmt::format("name: {}\ndescription: {}\ndevices_per_node: {}\n", json_string(hw.name),
-                                json_string(hw.description), hw.devices_per_node);
+  // Names in double quotes with JSON escapes, which YAML reads back as the same string.
+  auto quoted = [](const std::string& text) {
+    return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  };
+  std::string out = fmt::format("name: {}\ndescription: {}\ndevices_per_node: {}\n", quoted(hw.name),
+                                quoted(hw.description), hw.devices_per_node);
   for (const HardwareField& f : hardware_fields())
     out += fmt::format("{}: {:.6g}  # {}\n", f.key, hw.*(f.field), f.help);
   out += fmt::format("gemm_efficiency:  # {}\n", kGemmTableHelp);
@@ -563,66 +584,41 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
 
 // ---- the subcommand ----
 
-int plan_main(const ParsedArgs& args) {
+int plan_main(const PlanCommandOptions& args) {
   try {
-    args.check_options({"gpus", "gpus-per-node", "hardware", "json", "top", "recompute", "distributed-optimizer",
-                        "p2p-buffers", "grad-dtype", "p2p-scatter-gather", "attention", "probe", "threads",
-                        "overlap", "explain"});
-    if (args.has("probe")) {
-      const std::string out = args.get("probe");
-      if (out.empty()) throw std::runtime_error("--probe needs the file to write");
-      const int threads = static_cast<int>(args.get_int("threads", omp_get_max_threads()));
-      const int per_node = static_cast<int>(args.get_int("gpus-per-node", 1));
+    if (!args.probe.empty()) {
+      const int threads = static_cast<int>(args.threads.value_or(omp_get_max_threads()));
+      const int per_node = static_cast<int>(args.gpus_per_node.value_or(1));
       HardwareSpec hw = probe_cpu(threads, per_node);
-      std::ofstream f(out);
+      std::ofstream f(args.probe);
       f << "# Written by 'gpt-train plan --probe': this machine's CPU backend as a planner hardware description.\n"
         << hardware_to_yaml(hw);
-      if (!f) throw std::runtime_error("cannot write " + out);
+      if (!f) throw std::runtime_error("cannot write " + args.probe);
       std::cout << hardware_to_yaml(hw);
       return 0;
     }
-    if (args.config.empty()) throw std::runtime_error("--config FILE is required");
-    if (!args.has("gpus")) throw std::runtime_error("--gpus N is required");
     Config cfg = load_config(args.config, args.sets);
-    const int gpus = static_cast<int>(args.get_int("gpus", 1));
-    if (gpus < 1) throw std::runtime_error("--gpus must be at least 1");
-    HardwareSpec hw = load_hardware(args.get("hardware", "h100-80g"));
-    PlanOptions o = options_from(cfg, gpus, static_cast<int>(args.get_int("gpus-per-node", 0)));
-    const std::string rc = args.get("recompute", "all");
-    if (rc != "all") o.recompute = parse_recompute(rc);
-    const std::string dist = args.get("distributed-optimizer", "all");
-    if (dist == "on" || dist == "off") o.distributed_optimizer = dist == "on";
-    else if (dist != "all") throw std::runtime_error("--distributed-optimizer: expected on, off or all, got '" + dist + "'");
-    const std::string buffers = args.get("p2p-buffers", "released");
-    if (buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
-    else if (buffers != "released")
-      throw std::runtime_error("--p2p-buffers: expected released or freed, got '" + buffers + "'");
-    const std::string grads = args.get("grad-dtype", "fp32");
-    if (grads == "compute") o.grads_in_compute_dtype = true;
-    else if (grads != "fp32") throw std::runtime_error("--grad-dtype: expected fp32 or compute, got '" + grads + "'");
-    const std::string sg = args.get("p2p-scatter-gather", "off");
-    if (sg == "on") o.p2p_scatter_gather = true;
-    else if (sg != "off") throw std::runtime_error("--p2p-scatter-gather: expected on or off, got '" + sg + "'");
-    const std::string attention = args.get("attention", "fused");
-    if (attention == "materialized") o.materialized_attention = true;
-    else if (attention != "fused")
-      throw std::runtime_error("--attention: expected fused or materialized, got '" + attention + "'");
-    o.overlaps = parse_overlaps(args.get("overlap", "gpt-train"), cfg.backend);
+    const int gpus = static_cast<int>(args.gpus.value_or(1));
+    HardwareSpec hw = load_hardware(args.hardware);
+    PlanOptions o = options_from(cfg, gpus, static_cast<int>(args.gpus_per_node.value_or(0)));
+    if (args.recompute != "all") o.recompute = parse_recompute(args.recompute);
+    if (args.distributed_optimizer != "all") o.distributed_optimizer = args.distributed_optimizer == "on";
+    if (args.p2p_buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
+    o.grads_in_compute_dtype = args.grad_dtype == "compute";
+    o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
+    o.materialized_attention = args.attention == "materialized";
+    o.overlaps = parse_overlaps(args.overlap, cfg.backend);
     const ModelDims m = model_dims_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
-    if (args.has("explain")) {
-      if (args.get_bool("json", false)) throw std::runtime_error("--explain prints text: leave out --json");
-      std::cout << explain_layout(plan, m, parse_layout_choice(args.get("explain")));
+    if (!args.explain.empty()) {
+      std::cout << explain_layout(plan, m, parse_layout_choice(args.explain));
       return 0;
     }
-    if (args.get_bool("json", false))
+    if (args.json)
       print_json(plan, m, cfg.training.global_batch_size);
     else
-      print_plan(plan, cfg, m, static_cast<int>(args.get_int("top", 20)));
+      print_plan(plan, cfg, m, static_cast<int>(args.top));
     return 0;
-  } catch (const CliError& e) {
-    std::cerr << "gpt-train plan: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
     std::cerr << "gpt-train plan: " << e.what() << "\n";
     return 1;

@@ -9,10 +9,11 @@
 // train/eval (the memory prediction of the chosen layout, and a warning when the planner finds a layout
 // predicted to be much faster).
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "app/cli.h"
 #include "parallel/planner.h"
 
 namespace gpt {
@@ -20,7 +21,29 @@ namespace gpt {
 struct Config;
 class GridLayout;
 
-int plan_main(const ParsedArgs& args);
+// The options of `gpt-train plan` (defined on the command line in app/cli_subcommands.cpp).
+struct PlanCommandOptions {
+  std::string config;             // --config FILE (required unless --probe)
+  std::vector<std::string> sets;  // --set key.path=value
+  std::optional<int64_t> gpus;    // --gpus N (required unless --probe)
+  std::optional<int64_t> gpus_per_node;  // default: the hardware's (plan), 1 (probe)
+  std::string hardware = "h100-80g";     // a built-in name or a YAML hardware file
+  bool json = false;
+  int64_t top = 20;                          // layouts printed
+  std::string recompute = "all";             // none | selective | full | all
+  std::string distributed_optimizer = "all";  // on | off | all
+  std::string p2p_buffers = "released";      // released | freed
+  std::string grad_dtype = "fp32";           // fp32 | compute
+  std::string p2p_scatter_gather = "off";    // on | off
+  std::string attention = "fused";           // fused | materialized
+  std::string overlap = "gpt-train";         // none | gpt-train | megatron-core | a list (parallel/overlap.h)
+  std::string explain;                       // TP,PP,DP: that layout's cost breakdown next to the best
+  std::string probe;                         // --probe FILE: measure this CPU instead
+  std::optional<int64_t> threads;            // probe threads per device; default OpenMP's
+};
+
+// Exit status 0, or 1 with the message on stderr (a config, hardware file or layout error).
+int plan_main(const PlanCommandOptions& options);
 
 // A built-in name (a100-80g, h100-80g, h200) or the path of a YAML hardware file. Throws
 // std::runtime_error naming the file and key on a bad file, or listing the built-ins for an unknown name.

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <omp.h>
 
 #include "model/ops/cpu/cpu_matmul.h"
@@ -125,7 +127,7 @@ int run(int argc, char** argv) {
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   double f32_peak = 0, bf16_peak = 0;
-  std::string per_size;
+  nlohmann::ordered_json per_size = nlohmann::ordered_json::array();
   for (int64_t n : o.sizes) {
     std::vector<float> a(n * n), b(n * n), c(n * n, 0.f);
     for (auto& x : a) x = dist(rng);
@@ -135,16 +137,18 @@ int run(int argc, char** argv) {
     f32_peak = std::max(f32_peak, f32);
     bf16_peak = std::max(bf16_peak, bf16);
     if (!o.json) std::printf("n=%lld: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n", (long long)n, f32, bf16);
-    char item[160];
-    std::snprintf(item, sizeof item, "%s{\"n\":%lld,\"gpt_train_f32\":%.2f,\"gpt_train_bf16\":%.2f}",
-                  per_size.empty() ? "" : ",", (long long)n, f32, bf16);
-    per_size += item;
+    per_size.push_back({{"n", n}, {"gpt_train_f32", f32}, {"gpt_train_bf16", bf16}});
   }
   const std::string isa = cpu::matmul_isa(), lib = cpu::matmul_library_version();
   if (o.json) {
-    std::printf("{\"impl\":\"onednn\",\"library\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
-                "\"gpt_train_f32_gflops\":%.2f,\"gpt_train_bf16_gflops\":%.2f,\"sizes\":[%s]}\n",
-                lib.c_str(), isa.c_str(), threads, f32_peak, bf16_peak, per_size.c_str());
+    const nlohmann::ordered_json out = {{"impl", "onednn"},
+                                        {"library", lib},
+                                        {"isa", isa},
+                                        {"threads", threads},
+                                        {"gpt_train_f32_gflops", f32_peak},
+                                        {"gpt_train_bf16_gflops", bf16_peak},
+                                        {"sizes", per_size}};
+    std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("%s (ISA %s), %d threads: peak fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n", lib.c_str(), isa.c_str(),
                 threads, f32_peak, bf16_peak);

@@ -1,5 +1,6 @@
 // Input expansion and document iteration for `gpt-train prep` (see document_reader.h). Files are read
 // line by line, so inputs much larger than memory are fine; only a whole-file document is held at once.
+// JSON records are decoded by data/json_lines, apart from the reading so that it can run in parallel.
 #include "data/document_reader.h"
 
 #include <algorithm>
@@ -7,7 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "data/json_text.h"
+#include "data/json_lines.h"
 
 namespace gpt {
 
@@ -74,10 +75,20 @@ bool DocumentReader::open_next_file() {
 }
 
 bool DocumentReader::next(std::string& doc) {
+  RawDocument raw;
+  while (next_raw(raw)) {
+    doc = text(std::move(raw));
+    if (!doc.empty()) return true;
+    ++empty_;
+  }
+  return false;
+}
+
+bool DocumentReader::next_raw(RawDocument& doc) {
   while (true) {
     if (!in_ && !open_next_file()) return false;
     if (next_from_current(doc)) {
-      if (!doc.empty()) return true;
+      if (doc.json || !doc.data.empty()) return true;
       ++empty_;
       continue;
     }
@@ -86,20 +97,29 @@ bool DocumentReader::next(std::string& doc) {
   }
 }
 
+std::string DocumentReader::text(RawDocument&& doc) const {
+  if (!doc.json) return std::move(doc.data);
+  try {
+    return json_string_field(doc.data, opt_.json_key);
+  } catch (const JsonError& e) {
+    throw std::runtime_error("input '" + files_[doc.file] + "' line " + std::to_string(doc.line) + ": " + e.what());
+  }
+}
+
 // One document (possibly empty) from the open file; false when the file is exhausted.
-bool DocumentReader::next_from_current(std::string& doc) {
+bool DocumentReader::next_from_current(RawDocument& raw) {
+  raw.json = json_;
+  raw.file = file_index_ - 1;
+  raw.line = 0;
+  std::string& doc = raw.data;
   doc.clear();
   std::string line;
   if (json_) {
-    while (std::getline(*in_, line)) {
+    while (std::getline(*in_, doc)) {
       ++line_no_;
-      bytes_ += int64_t(line.size()) + 1;
-      if (is_blank(line)) continue;
-      try {
-        doc = json_string_field(line, opt_.json_key);
-      } catch (const JsonError& e) {
-        throw std::runtime_error("input '" + current_ + "' line " + std::to_string(line_no_) + ": " + e.what());
-      }
+      bytes_ += int64_t(doc.size()) + 1;
+      if (is_blank(doc)) continue;
+      raw.line = line_no_;
       return true;
     }
     return false;

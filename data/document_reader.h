@@ -22,17 +22,32 @@ struct DocumentReaderOptions {
 // std::runtime_error naming an input that does not exist or a directory with no usable file.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs);
 
+// A document as read, before its JSON is decoded: for a JSON-lines file the line that holds it (decoded
+// by DocumentReader::text, so that several threads can decode while one reads), else its text.
+struct RawDocument {
+  std::string data;
+  bool json = false;
+  size_t file = 0;   // index into the reader's files
+  int64_t line = 0;  // 1-based line number of a JSON-lines record
+};
+
 class DocumentReader {
  public:
   DocumentReader(std::vector<std::string> files, DocumentReaderOptions options);
   // The next non-empty document; false at the end. Throws naming file:line for a malformed JSON line.
   bool next(std::string& doc);
+  // The next document with its JSON not yet decoded; false at the end. Empty plain-text documents are
+  // skipped and counted here; a JSON record's text may still turn out empty (the caller counts those).
+  bool next_raw(RawDocument& doc);
+  // The text of `doc` (moved out of it); decodes a JSON record, throwing std::runtime_error naming the
+  // file and line when it is malformed. Safe to call from several threads at once.
+  std::string text(RawDocument&& doc) const;
   int64_t bytes_read() const { return bytes_; }   // input bytes consumed so far
-  int64_t skipped_empty() const { return empty_; }  // documents without any text
+  int64_t skipped_empty() const { return empty_; }  // documents without any text (raw: plain text only)
 
  private:
   bool open_next_file();
-  bool next_from_current(std::string& doc);
+  bool next_from_current(RawDocument& doc);
   std::vector<std::string> files_;
   DocumentReaderOptions opt_;
   size_t file_index_ = 0;

@@ -9,8 +9,10 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "data/gpt2_bpe.h"
-#include "data/json_text.h"
+#include "data/json_lines.h"
 #include "data/tokenizer.h"
 #include "data/unicode_class.h"
 
@@ -156,11 +158,21 @@ class Gpt2Tokenizer final : public Tokenizer {
   }
 
   void load_vocab(const std::string& path, const std::string& text) {
-    std::vector<std::pair<std::string, int64_t>> entries;
+    // One object {"piece": id, ...}; a repeated piece keeps its last id, as Python's json.load does.
+    nlohmann::json root;
     try {
-      entries = json_int_object(text);
-    } catch (const JsonError& e) {
-      throw std::runtime_error("GPT-2 vocab file '" + path + "' is not a JSON object of token ids: " + e.what());
+      root = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw std::runtime_error("GPT-2 vocab file '" + path + "' is not a JSON object of token ids: " + json_error_text(e));
+    }
+    if (!root.is_object())
+      throw std::runtime_error("GPT-2 vocab file '" + path + "' is not a JSON object of token ids");
+    std::vector<std::pair<std::string, int64_t>> entries;
+    entries.reserve(root.size());
+    for (const auto& [piece, id] : root.items()) {
+      if (!id.is_number_integer())
+        throw std::runtime_error("GPT-2 vocab file '" + path + "': the id of '" + piece + "' is not an integer");
+      entries.emplace_back(piece, id.get<int64_t>());
     }
     if (entries.empty()) throw std::runtime_error("GPT-2 vocab file '" + path + "' is empty");
     int64_t max_id = -1;

@@ -43,19 +43,9 @@ PrepResult import_megatron(const PrepOptions& opt, const std::function<void(cons
   if (writer.docs() == 0)
     throw std::runtime_error("no documents in " + reader.idx_path() + " (" + std::to_string(reader.num_documents()) +
                              " documents, all empty)");
-  ShardIndex index = writer.finish();
-
+  finish_prep_result(writer, tok, opt.output_prefix, result);
   result.seconds = elapsed();
-  result.docs = writer.docs();
-  result.tokens = writer.tokens();
   result.bytes_in = reader.bytes_read();
-  result.unigram_perplexity = index.unigram_perplexity;
-  result.tokenizer = tok.name();
-  result.tokenizer_hash = tok.hash();
-  result.vocab_size = tok.vocab_size();
-  result.eod_id = tok.eod_id();
-  result.shards = writer.paths();
-  result.index = shard_index_path(opt.output_prefix);
   if (progress) progress({result.docs, result.tokens, result.bytes_in, result.seconds, true});
   return result;
 }

@@ -1,7 +1,8 @@
 // Parallel, order-preserving tokenization into shards (see prep_pipeline.h). The reader (calling thread)
-// cuts the input into batches of documents; workers tokenize batches; the writer thread takes batches
-// back strictly in input order, so the output is identical for any number of workers. A bound on
-// batches in flight keeps memory flat however large the input is.
+// cuts the input into batches of documents; workers decode JSON records and tokenize batches; the writer
+// thread takes batches back strictly in input order, so the output, and the error reported for bad input
+// (the first in input order), are the same for any number of workers. A bound on batches in flight keeps
+// memory flat however large the input is.
 #include "data/prep_pipeline.h"
 
 #include <algorithm>
@@ -27,10 +28,12 @@ namespace {
 
 struct Batch {
   int64_t seq = 0;
-  std::vector<std::string> docs;
+  std::vector<RawDocument> docs;
   int64_t bytes_in = 0;  // input bytes consumed up to the end of this batch
   std::vector<int32_t> tokens;
   std::vector<int64_t> lengths;
+  int64_t skipped_empty = 0;  // JSON records whose text is empty
+  std::exception_ptr error;   // a malformed record: raised when the writer reaches this batch
 };
 
 // Text for the SentencePiece trainer: documents cut at newlines into pieces of at most 4 KiB.
@@ -80,6 +83,20 @@ std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* t
   throw std::runtime_error("--tokenizer '" + opt.tokenizer + "' is not one of bytes, gpt2, spm");
 }
 
+void finish_prep_result(ShardSetWriter& writer, const Tokenizer& tok, const std::string& output_prefix,
+                        PrepResult& result) {
+  const ShardIndex index = writer.finish();
+  result.docs = writer.docs();
+  result.tokens = writer.tokens();
+  result.unigram_perplexity = index.unigram_perplexity;
+  result.tokenizer = tok.name();
+  result.tokenizer_hash = tok.hash();
+  result.vocab_size = tok.vocab_size();
+  result.eod_id = tok.eod_id();
+  result.shards = writer.paths();
+  result.index = shard_index_path(output_prefix);
+}
+
 PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepProgress&)>& progress) {
   if (opt.output_prefix.empty()) throw std::runtime_error("--output-prefix is required");
   if (!opt.from_megatron.empty()) {
@@ -119,6 +136,8 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
 
+  DocumentReader reader(files, {opt.doc_separator, opt.json_key});
+  int64_t skipped_records = 0;  // by the writer thread, read after it joined
   std::vector<std::thread> pool;
   for (int w = 0; w < workers; ++w)
     pool.emplace_back([&] {
@@ -132,11 +151,20 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
             b = std::move(todo.front());
             todo.pop_front();
           }
-          for (const auto& d : b->docs) {
-            size_t before = b->tokens.size();
-            tok.encode(d, b->tokens);
-            b->tokens.push_back(int32_t(tok.eod_id()));
-            b->lengths.push_back(int64_t(b->tokens.size() - before));
+          try {
+            for (auto& raw : b->docs) {
+              const std::string text = reader.text(std::move(raw));
+              if (text.empty()) {
+                ++b->skipped_empty;
+                continue;
+              }
+              size_t before = b->tokens.size();
+              tok.encode(text, b->tokens);
+              b->tokens.push_back(int32_t(tok.eod_id()));
+              b->lengths.push_back(int64_t(b->tokens.size() - before));
+            }
+          } catch (const std::runtime_error&) {
+            b->error = std::current_exception();
           }
           b->docs.clear();
           b->docs.shrink_to_fit();
@@ -164,12 +192,14 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
           b = std::move(done[written_seq]);
           done.erase(written_seq);
         }
+        if (b->error) std::rethrow_exception(b->error);
         size_t pos = 0;
         for (int64_t len : b->lengths) {
           writer.add(std::span<const int32_t>(b->tokens).subspan(pos, size_t(len)));
           pos += size_t(len);
         }
         bytes_in = b->bytes_in;
+        skipped_records += b->skipped_empty;
         {
           std::lock_guard<std::mutex> lock(m);
           ++written_seq;
@@ -187,7 +217,6 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
   });
 
   try {
-    DocumentReader reader(files, {opt.doc_separator, opt.json_key});
     auto batch = std::make_unique<Batch>();
     int64_t batch_bytes = 0;
     auto submit = [&] {
@@ -202,15 +231,14 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
       batch_bytes = 0;
       return true;
     };
-    std::string doc;
+    RawDocument doc;
     bool ok = true;
-    while (ok && !failed && reader.next(doc)) {
-      batch_bytes += int64_t(doc.size());
+    while (ok && !failed && reader.next_raw(doc)) {
+      batch_bytes += int64_t(doc.data.size());
       batch->docs.push_back(std::move(doc));
       if (batch_bytes >= (256 << 10) || batch->docs.size() >= 1024) ok = submit();
     }
     if (ok && !failed && !batch->docs.empty()) submit();
-    result.skipped_empty = reader.skipped_empty();
   } catch (...) {
     fail(std::current_exception());
   }
@@ -221,22 +249,13 @@ PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepP
   }
   for (auto& t : pool) t.join();
   writer_thread.join();
+  result.skipped_empty = reader.skipped_empty() + skipped_records;
   if (error) std::rethrow_exception(error);
   if (writer.docs() == 0)
     throw std::runtime_error("no documents found in the input (" + std::to_string(files.size()) + " files, " +
                              std::to_string(result.skipped_empty) + " empty documents)");
-  ShardIndex index = writer.finish();
-
+  finish_prep_result(writer, tok, opt.output_prefix, result);
   result.seconds = elapsed();
-  result.docs = writer.docs();
-  result.tokens = writer.tokens();
-  result.unigram_perplexity = index.unigram_perplexity;
-  result.tokenizer = tok.name();
-  result.tokenizer_hash = tok.hash();
-  result.vocab_size = tok.vocab_size();
-  result.eod_id = tok.eod_id();
-  result.shards = writer.paths();
-  result.index = shard_index_path(opt.output_prefix);
   if (progress) progress({result.docs, result.tokens, result.bytes_in, result.seconds, true});
   return result;
 }

@@ -55,6 +55,12 @@ struct PrepResult {
 std::unique_ptr<Tokenizer> make_prep_tokenizer(const PrepOptions& opt, double* train_seconds = nullptr,
                                                std::string* trained_model = nullptr);
 
+class ShardSetWriter;
+// Closes the shard set `writer` wrote and records it in `result`: documents, tokens, shards, index file,
+// unigram perplexity and the tokenizer. `result.seconds` and `bytes_in` are the caller's.
+void finish_prep_result(ShardSetWriter& writer, const Tokenizer& tok, const std::string& output_prefix,
+                        PrepResult& result);
+
 // Runs the whole pipeline. `progress` (optional) is called from the writer thread a few times a second
 // and once at the end with done = true. Throws std::runtime_error naming the file on any bad input.
 PrepResult run_prep(const PrepOptions& opt, const std::function<void(const PrepProgress&)>& progress = {});

@@ -3,7 +3,7 @@
 // replaced or lost after `prep` is reported instead of silently changing the data.
 #include "data/shard_set.h"
 
-#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -13,9 +13,8 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 
-#include "data/json_text.h"
+#include "data/json_lines.h"
 
 namespace gpt {
 
@@ -30,22 +29,25 @@ std::string shard_file_name(const std::string& prefix, int64_t k) {
 }
 
 void write_shard_index(const std::string& prefix, const ShardIndex& ix) {
-  std::ostringstream o;
-  char ppl[64];
-  std::snprintf(ppl, sizeof ppl, "%.6g", ix.unigram_perplexity);
-  o << "{\n  \"format_version\": " << ix.format_version << ",\n  \"tokenizer\": " << json_quote(ix.tokenizer)
-    << ",\n  \"tokenizer_hash\": " << json_quote(ix.tokenizer_hash) << ",\n  \"vocab_size\": " << ix.vocab_size
-    << ",\n  \"eod_id\": " << ix.eod_id << ",\n  \"num_docs\": " << ix.num_docs << ",\n  \"num_tokens\": "
-    << ix.num_tokens << ",\n  \"unigram_perplexity\": " << ppl << ",\n  \"shards\": [";
-  for (size_t k = 0; k < ix.shards.size(); ++k)
-    o << (k ? ",\n" : "\n") << "    {\"file\": " << json_quote(ix.shards[k].file)
-      << ", \"num_docs\": " << ix.shards[k].num_docs << ", \"num_tokens\": " << ix.shards[k].num_tokens << "}";
-  o << "\n  ]\n}\n";
+  nlohmann::ordered_json o;
+  o["format_version"] = ix.format_version;
+  o["tokenizer"] = ix.tokenizer;
+  o["tokenizer_hash"] = ix.tokenizer_hash;
+  o["vocab_size"] = ix.vocab_size;
+  o["eod_id"] = ix.eod_id;
+  o["num_docs"] = ix.num_docs;
+  o["num_tokens"] = ix.num_tokens;
+  o["unigram_perplexity"] = ix.unigram_perplexity;
+  o["shards"] = nlohmann::ordered_json::array();
+  for (const ShardIndexEntry& s : ix.shards)
+    o["shards"].push_back({{"file", s.file}, {"num_docs", s.num_docs}, {"num_tokens", s.num_tokens}});
+  // A file name that is not UTF-8 is written with U+FFFD in place of its bad bytes rather than refused.
+  const std::string text = o.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const std::string path = shard_index_path(prefix), tmp = path + ".tmp";
   {
     errno = 0;
     std::ofstream out(tmp, std::ios::trunc);
-    out << o.str();
+    out << text;
     out.flush();
     if (!out) {
       const std::string reason = errno ? std::strerror(errno) : "write failed";
@@ -68,19 +70,36 @@ ShardIndex read_shard_index(const std::string& prefix) {
                              path + "' (written by gpt-train prep --output-prefix " + prefix + ")");
   ShardIndex ix;
   try {
-    YAML::Node n = YAML::LoadFile(path);  // JSON is YAML
-    ix.format_version = n["format_version"].as<int64_t>();
-    ix.tokenizer = n["tokenizer"].as<std::string>();
-    ix.tokenizer_hash = n["tokenizer_hash"].as<std::string>();
-    ix.vocab_size = n["vocab_size"].as<int64_t>();
-    ix.eod_id = n["eod_id"].as<int64_t>();
-    ix.num_docs = n["num_docs"].as<int64_t>();
-    ix.num_tokens = n["num_tokens"].as<int64_t>();
-    if (n["unigram_perplexity"]) ix.unigram_perplexity = n["unigram_perplexity"].as<double>();
-    for (const auto& s : n["shards"])
-      ix.shards.push_back({s["file"].as<std::string>(), s["num_docs"].as<int64_t>(), s["num_tokens"].as<int64_t>()});
-  } catch (const YAML::Exception& e) {
-    throw std::runtime_error("shard index '" + path + "' is malformed: " + e.what());
+    std::ifstream in(path);
+    const nlohmann::json n = nlohmann::json::parse(in);
+    if (!n.is_object()) throw std::runtime_error("not a JSON object");
+    // Each key named in the message when it is missing or of the wrong type.
+    auto field = [](const nlohmann::json& object, const char* key, auto& out) {
+      try {
+        object.at(key).get_to(out);
+      } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(std::string("\"") + key + "\": " + json_error_text(e));
+      }
+    };
+    field(n, "format_version", ix.format_version);
+    field(n, "tokenizer", ix.tokenizer);
+    field(n, "tokenizer_hash", ix.tokenizer_hash);
+    field(n, "vocab_size", ix.vocab_size);
+    field(n, "eod_id", ix.eod_id);
+    field(n, "num_docs", ix.num_docs);
+    field(n, "num_tokens", ix.num_tokens);
+    if (n.contains("unigram_perplexity") && n.at("unigram_perplexity").is_number())
+      ix.unigram_perplexity = n.at("unigram_perplexity").get<double>();
+    if (!n.contains("shards") || !n.at("shards").is_array()) throw std::runtime_error("\"shards\" is not a list");
+    for (const auto& s : n.at("shards")) {
+      ShardIndexEntry e;
+      field(s, "file", e.file);
+      field(s, "num_docs", e.num_docs);
+      field(s, "num_tokens", e.num_tokens);
+      ix.shards.push_back(std::move(e));
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error("shard index '" + path + "' is malformed: " + json_error_text(e));
   }
   if (ix.format_version != kShardFormatVersion)
     throw std::runtime_error("shard index '" + path + "' has format_version " + std::to_string(ix.format_version) +

@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config
-  libyaml-cpp-dev libspdlog-dev libfmt-dev
+  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libdnnl-dev libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools
   libgtest-dev googletest

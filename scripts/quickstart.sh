@@ -16,7 +16,7 @@ if [ ! -f runs/data/fortunes.index.json ]; then
   ./build/gpt-train prep --input /usr/share/games/fortunes --doc-separator % --tokenizer bytes \
     --output-prefix runs/data/fortunes | tee runs/quickstart/prep.log
 fi
-rm -f runs/quickstart/metrics.jsonl
+rm -rf runs/quickstart/metrics.jsonl runs/quickstart/checkpoints  # a fresh run every time
 mpirun --oversubscribe --bind-to none -np "$NP" ./build/gpt-train train --config configs/quickstart.yaml "$@"
 mpirun --oversubscribe --bind-to none -np "$NP" ./build/gpt-train eval --config configs/quickstart.yaml --load runs/quickstart/checkpoints --iters 0 "$@"
 /usr/bin/python3 - <<'PY'

@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
-# End-to-end start-up errors of the gpt-train binary: each bad input must exit non-zero, quickly, with a
-# message naming the key, file or rule — never a crash or a hang. Then the paths those keys take: spaces
-# and a leading ~. Usage: cli_errors_test.sh GPT_TRAIN SRC_DIR
+# End-to-end command line and start-up errors of the gpt-train binary: each subcommand's --help (exit 0,
+# its own options), then each bad input must exit non-zero (2 for a bad command line), quickly, with a
+# message naming the option, key, file or rule — never a crash or a hang. Then the paths those keys take:
+# spaces and a leading ~. Usage: cli_errors_test.sh GPT_TRAIN SRC_DIR
 source "$(dirname "$0")/cli_test_lib.sh"
+
+# The overview and every subcommand's own --help exit 0 and name its own options; a bad command line
+# exits 2 and names the subcommand.
+expect_help "usage: gpt-train \[SUBCOMMAND\]" --help
+expect_help "^  convert " help
+for sub_and_flag in "train --load" "eval --random-init" "prep --output-prefix" "schedule --microbatches" \
+    "config --dump" "plan --gpus-per-node" "convert --from" "generate --prompt-file"; do
+  set -- $sub_and_flag
+  expect_help "usage: gpt-train $1 \[options\]" "$1" --help
+  expect_help "^  $2 " "$1" --help
+  expect_help "^  $2 " help "$1"
+  expect_exit 2 "unknown option --bogus for '$1'" "$BIN" "$1" --bogus
+done
+expect_exit 2 "unknown option --bogus for 'train'" "$BIN" --config "$CFG" --bogus 1
+expect_exit 2 "--workers expects an integer, got 'two' \(see 'gpt-train prep --help'\)" "$BIN" prep --input "$SRC/README.md" \
+  --output-prefix "$TMP/x" --workers two
+expect_exit 2 "usage: gpt-train" "$BIN"
 
 expect_error "unknown key 'model.hiden_size'" "$BIN" --config "$CFG" --set model.hiden_size=3
 expect_error "model.hidden_size.*num_heads|num_heads.*hidden_size" "$BIN" --config "$CFG" --set model.num_heads=5

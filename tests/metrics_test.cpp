@@ -166,8 +166,8 @@ TEST(MetricsWriter, AppendsAcrossWritersAndDisabledWritesNothing) {
   MetricsWriter(path.string()).write_eval(2, "valid", 1.0, 2.7);
   auto lines = read_lines(path);
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_EQ(lines[0], R"({"event":"eval","iteration":1,"split":"valid","loss":2,"perplexity":7})");
-  EXPECT_EQ(lines[1], R"({"event":"eval","iteration":2,"split":"valid","loss":1,"perplexity":2.7})");
+  EXPECT_EQ(lines[0], R"({"event":"eval","iteration":1,"split":"valid","loss":2.0,"perplexity":7.0})");
+  EXPECT_EQ(lines[1], R"({"event":"eval","iteration":2,"split":"valid","loss":1.0,"perplexity":2.7})");
 
   MetricsWriter disabled("");
   EXPECT_FALSE(disabled.enabled());
@@ -190,12 +190,16 @@ TEST(MetricsWriter, UnopenablePathThrowsNamingIt) {
   std::filesystem::remove_all(dir.parent_path());
 }
 
-TEST(JsonString, EscapesLikeJson) {
-  EXPECT_EQ(json_string("plain"), "\"plain\"");
-  EXPECT_EQ(json_string("a\"b\\c"), R"("a\"b\\c")");
-  EXPECT_EQ(json_string("\n\r\t\b\f"), R"("\n\r\t\b\f")");
-  EXPECT_EQ(json_string(std::string("\x01\x1f\x7f", 3)), R"("\u0001\u001f\u007f")");
-  EXPECT_EQ(json_string("ü"), "\"ü\"");
+// Strings are escaped as JSON requires, and bytes that are not UTF-8 become U+FFFD instead of an error.
+TEST(MetricsWriter, EscapesStringsAndReplacesBadBytes) {
+  auto dir = fresh_dir("escapes");
+  auto path = dir / "m.jsonl";
+  MetricsWriter(path.string()).write_eval(1, "a\"b\\c\n\x01\x7f \xC3\xBC \xff", 1.0, 2.0);
+  auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  const std::string want = R"("split":"a\"b\\c\n\u0001)" "\x7f \xC3\xBC \xEF\xBF\xBD\"";
+  EXPECT_NE(lines[0].find(want), std::string::npos) << lines[0];
+  std::filesystem::remove_all(dir.parent_path());
 }
 
 TEST(LogColour, OnlyOnATerminalOutsideLaunchersWithoutNoColor) {

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "app/cli.h"
 #include "app/plan.h"
 #include "app/plan_explain.h"
 #include "parallel/planner.h"
@@ -188,14 +189,22 @@ TEST(PlannerHardware, GemmTableIsRequiredAndRoundTrips) {
 
 namespace {
 
+// The plan subcommand as main runs it: 2 (and the message) for a command line it refuses, else
+// plan_main's status and what it wrote to stderr.
 std::string run_plan_command(const std::vector<std::string>& argv, int* rc, std::string* err = nullptr) {
   std::ostringstream out, errors;
   auto* old = std::cout.rdbuf(out.rdbuf());
   auto* old_err = std::cerr.rdbuf(errors.rdbuf());
-  *rc = plan_main(parse_args(argv));
+  std::string refused;
+  try {
+    *rc = parse_command_line(argv).run();
+  } catch (const CliError& e) {
+    *rc = 2;
+    refused = e.what();
+  }
   std::cout.rdbuf(old);
   std::cerr.rdbuf(old_err);
-  if (err) *err = errors.str();
+  if (err) *err = refused.empty() ? errors.str() : refused;
   return out.str();
 }
 
@@ -224,15 +233,15 @@ TEST(PlanCommand, OverlapAndExplain) {
                            "hidden under the last backward", "optimizer", "step time", "memory per device",
                            "overlaps, asked", "applied: tp,grad-reduce", "p2p: not applicable"})
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
-  // Bad input: exit 1 with a message naming the flag.
+  // Bad input: refused with the flag named (exit 2), or exit 1 with a message naming the key or the rule.
   run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--overlap", "sometimes"}, &rc, &err);
-  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(rc, 2);
   EXPECT_NE(err.find("--overlap: unknown overlap 'sometimes'"), std::string::npos) << err;
   run_plan_command({"plan", "--config", config_file(false), "--gpus", "16", "--overlap", "megatron-core"}, &rc, &err);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(err.find("parallel.sequence_parallel"), std::string::npos) << err;
   run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--explain", "8,1"}, &rc, &err);
-  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(rc, 2);
   EXPECT_NE(err.find("--explain: expected TP,PP,DP"), std::string::npos) << err;
   run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--explain", "8,1,4"}, &rc, &err);
   EXPECT_EQ(rc, 1);
@@ -241,5 +250,6 @@ TEST(PlanCommand, OverlapAndExplain) {
   EXPECT_EQ(rc, 1);
   EXPECT_NE(err.find("would cross nodes"), std::string::npos) << err;
   run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--explain", "8,1,2", "--json"}, &rc, &err);
-  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("--explain prints text"), std::string::npos) << err;
 }

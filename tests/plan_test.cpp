@@ -28,6 +28,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
 
+#include "app/cli.h"
 #include "app/plan.h"
 #include "parallel/planner.h"
 
@@ -392,10 +393,15 @@ TEST(PlannerHardware, CpuProbeWritesALoadableDescription) {
 
 namespace {
 
+// The plan subcommand as main runs it: 2 for a command line it refuses, else plan_main's status.
 std::string run_plan(const std::vector<std::string>& argv, int* rc) {
   std::ostringstream out;
   auto* old = std::cout.rdbuf(out.rdbuf());
-  *rc = plan_main(parse_args(argv));
+  try {
+    *rc = parse_command_line(argv).run();
+  } catch (const CliError&) {
+    *rc = 2;
+  }
   std::cout.rdbuf(old);
   return out.str();
 }
@@ -428,9 +434,9 @@ TEST(PlanCommand, TableAndJson) {
   int depth = 0;
   for (char c : json) depth += c == '{' ? 1 : c == '}' ? -1 : 0;
   EXPECT_EQ(depth, 0);
-  // Errors: exit 1 with a message, no crash.
+  // Errors: exit 1 with a message (2 for the command line), no crash.
   EXPECT_EQ(run_plan({"plan", "--config", cfg}, &rc), "");
-  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(rc, 2);
   run_plan({"plan", "--config", cfg, "--gpus", "8", "--hardware", "tpu-v9"}, &rc);
   EXPECT_EQ(rc, 1);
   run_plan({"plan", "--config", cfg, "--gpus", "8", "--frobnicate", "1"}, &rc);

@@ -7,7 +7,7 @@
 
 #include <filesystem>
 
-#include "app/prep.h"
+#include "app/cli.h"
 #include "data/document_reader.h"
 #include "data/prep_pipeline.h"
 #include "data/shard_set.h"
@@ -236,19 +236,30 @@ TEST(Prep, TrainedSentencePieceBpe) {
   EXPECT_NO_THROW(make_shard_source({dir / "spm"}, "train", "969,30,1", 16, 1, "spm", 400));
 }
 
+// prep through its command line, as main runs it: 2 for a command line it refuses, else prep_main's status.
+int run_prep_command(std::vector<std::string> words) {
+  words.insert(words.begin(), "prep");
+  try {
+    return parse_command_line(words).run();
+  } catch (const CliError&) {
+    return 2;
+  }
+}
+
 TEST(Prep, CommandLine) {
   TempDir dir;
   write_text(dir / "a.txt", "alpha beta\n");
   write_text(dir / "b.txt", "gamma\n");
-  EXPECT_EQ(prep_main({"--help"}), 0);
-  EXPECT_EQ(prep_main({"--input"}), 2);
-  EXPECT_EQ(prep_main({"--output-prefix", dir / "x"}), 2);
-  EXPECT_EQ(prep_main({"--input", dir / "a.txt", "--output-prefix", dir / "x", "--bogus", "1"}), 2);
-  EXPECT_EQ(prep_main({"--input", dir / "a.txt", "--output-prefix", dir / "x", "--workers", "two"}), 2);
-  EXPECT_EQ(prep_main({"--input", dir / "nope.txt", "--output-prefix", dir / "x"}), 1);
+  EXPECT_TRUE(parse_command_line({"prep", "--help"}).help);
+  EXPECT_EQ(run_prep_command({"--input"}), 2);
+  EXPECT_EQ(run_prep_command({"--output-prefix", dir / "x"}), 2);
+  EXPECT_EQ(run_prep_command({"--input", dir / "a.txt", "--output-prefix", dir / "x", "--bogus", "1"}), 2);
+  EXPECT_EQ(run_prep_command({"--input", dir / "a.txt", "--output-prefix", dir / "x", "--workers", "two"}), 2);
+  EXPECT_EQ(run_prep_command({"--input", dir / "nope.txt", "--output-prefix", dir / "x"}), 1);
   // --from-megatron (tested end to end by megatron_import_test.py) excludes --input.
-  EXPECT_EQ(prep_main({"--from-megatron", dir / "m", "--input", dir / "a.txt", "--output-prefix", dir / "x"}), 2);
-  EXPECT_EQ(prep_main({"--from-megatron", dir / "m", "--output-prefix", dir / "x"}), 1);
+  EXPECT_EQ(run_prep_command({"--from-megatron", dir / "m", "--input", dir / "a.txt", "--output-prefix", dir / "x"}),
+            2);
+  EXPECT_EQ(run_prep_command({"--from-megatron", dir / "m", "--output-prefix", dir / "x"}), 1);
   PrepOptions both;
   both.inputs = {dir / "a.txt"};
   both.from_megatron = dir / "m";
@@ -256,8 +267,8 @@ TEST(Prep, CommandLine) {
   expect_runtime_error([&] { run_prep(both); }, {"--from-megatron", "--input"});
   both.inputs.clear();
   expect_runtime_error([&] { run_prep(both); }, {dir / "m.idx", "not found"});
-  ASSERT_EQ(prep_main({"--input", dir / "a.txt", dir / "b.txt", "--output-prefix=" + (dir / "cli"), "--workers", "2",
-                       "--tokenizer", "bytes", "--shard-mb", "1"}),
+  ASSERT_EQ(run_prep_command({"--input", dir / "a.txt", dir / "b.txt", "--output-prefix=" + (dir / "cli"), "--workers",
+                              "2", "--tokenizer", "bytes", "--shard-mb", "1"}),
             0);
   auto docs = read_all_docs(dir / "cli");
   ASSERT_EQ(docs.size(), 2u);

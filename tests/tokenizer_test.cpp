@@ -3,6 +3,7 @@
 // with the `regex` module), the real GPT-2 files when available, the byte tokenizer, SentencePiece
 // training / loading, and the JSON reading used for .jsonl input and vocab.json.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -10,7 +11,7 @@
 #include <thread>
 
 #include "data/gpt2_bpe.h"
-#include "data/json_text.h"
+#include "data/json_lines.h"
 #include "data/tokenizer.h"
 #include "data/unicode_class.h"
 #include "data_test_util.h"
@@ -132,7 +133,7 @@ TEST(Gpt2Bpe, CacheIsPerTokenizerInstance) {
   for (int b = 0; b < 256; ++b) {
     std::string sym;
     append_utf8(gpt2_byte_to_unicode()[b], sym);
-    vocab += json_quote(sym) + ": " + std::to_string(b) + ", ";
+    vocab += nlohmann::json(sym).dump() + ": " + std::to_string(b) + ", ";
   }
   vocab += "\"<|endoftext|>\": 256}";
   write_text(dir / "bytes_vocab.json", vocab);
@@ -247,7 +248,27 @@ TEST(Json, StringFieldOfJsonLines) {
   EXPECT_THROW(json_string_field(R"({"text": "x"} extra)", "text"), JsonError);
   EXPECT_THROW(json_string_field(R"(["text"])", "text"), JsonError);
   EXPECT_THROW(json_string_field("{\"text\": \"a\nb\"}", "text"), JsonError);  // raw control character
-  EXPECT_EQ(json_quote("a\"\\\n\x01"), "\"a\\\"\\\\\\n\\u0001\"");
+  // Text Python's json module writes from imperfect input reads as Python's "replace" would give it.
+  EXPECT_EQ(json_string_field(R"({"text": "a\udc00b\ud800"})", "text"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(json_string_field(R"({"text": "\ud83d\u0041"})", "text"), "\xEF\xBF\xBD" "A");
+  EXPECT_EQ(json_string_field("{\"text\": \"a\xFF\xC3" "b\"}", "text"), "a\xEF\xBF\xBD\xEF\xBF\xBD" "b");
+  EXPECT_EQ(json_string_field(R"({"text": "\\ud83d"})", "text"), "\\ud83d");  // an escaped backslash
+  EXPECT_EQ(json_string_field(R"({"text": "first", "text": "second"})", "text"), "first");
+  EXPECT_EQ(json_string_field(R"({"body": "x"})", "body"), "x");
+  auto message = [](std::string_view line) {
+    try {
+      json_string_field(line, "text");
+    } catch (const JsonError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(R"({"text": 5})"), "field \"text\" is not a string but a number");
+  EXPECT_EQ(message(R"({"text": ["a"]})"), "field \"text\" is not a string but an array");
+  EXPECT_EQ(message(R"({"other": "x"})"), "no \"text\" field");
+  EXPECT_EQ(message(R"("text")"), "expected a JSON object");
+  EXPECT_NE(message(R"({"text": "x"} extra)").find("at byte"), std::string::npos) << message(R"({"text": "x"} extra)");
+  EXPECT_EQ(message(R"({"text": "x"} extra)").find("json.exception"), std::string::npos);
 }
 
 }  // namespace
