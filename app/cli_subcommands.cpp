@@ -9,6 +9,7 @@
 #include "app/convert.h"
 #include "app/generate.h"
 #include "app/plan.h"
+#include "app/plan_explain.h"
 #include "app/prep.h"
 #include "data/prep_pipeline.h"
 
@@ -109,7 +110,11 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
   f.choice("--p2p-scatter-gather", o.p2p_scatter_gather, {"on", "off"},
            "on: pipeline sends split over the tensor-parallel ranks (Megatron-LM)");
   f.choice("--attention", o.attention, {"fused", "materialized"},
-           "materialized: the 2021 unfused attention, whose softmax is stored");
+           "materialized: the 2021 unfused attention, whose scores, softmax and dropout cross memory");
+  f.text("--overlap", o.overlap, "SET",
+         "communication assumed to run beside compute: none, gpt-train (what gpt-train does on the config's "
+         "backend; the default), megatron-core, or a list of tp, grad-reduce, param-gather, p2p");
+  f.text("--explain", o.explain, "TP,PP,DP", "print that layout's full cost breakdown next to the best one");
   f.text("--probe", o.probe, "FILE",
          "measure this machine's CPU backend and write it as a hardware file instead of planning");
   f.integer("--threads", o.threads, "--probe: threads per device (default: OpenMP's)");
@@ -118,6 +123,13 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
     if (o.config.empty()) throw CliError("--config FILE is required");
     if (!o.gpus) throw CliError("--gpus N is required");
     if (*o.gpus < 1) throw CliError("--gpus must be at least 1");
+    try {
+      parse_overlaps(o.overlap, "cpu");  // the names; which set gpt-train means depends on the config
+      if (!o.explain.empty()) parse_layout_choice(o.explain);
+    } catch (const std::invalid_argument& e) {
+      throw CliError(e.what());
+    }
+    if (!o.explain.empty() && o.json) throw CliError("--explain prints text: leave out --json");
   });
   f.app().footer("Ranks every valid layout (tensor, pipeline, virtual pipeline, data parallel, micro batch, "
                  "recompute, distributed optimizer) by predicted step time, with its memory per device; "

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "app/config.h"
+#include "app/plan_explain.h"
 #include "model/ops/backend.h"
 #include "parallel/process_grid.h"
 
@@ -41,9 +44,8 @@ const std::vector<HardwareField>& hardware_fields() {
   static const std::vector<HardwareField> fields = {
       {"peak_tflops_16bit", &HardwareSpec::peak_tflops_16bit, "dense bf16/fp16 matmul peak per device, TFLOP/s"},
       {"peak_tflops_fp32", &HardwareSpec::peak_tflops_fp32, "dense fp32 matmul peak per device, TFLOP/s"},
-      {"matmul_efficiency", &HardwareSpec::matmul_efficiency, "fraction of peak that large GEMMs sustain"},
       {"attention_efficiency", &HardwareSpec::attention_efficiency,
-       "attention core rate over peak, counting dense 4bs^2h FLOPs (0 = matmul_efficiency)"},
+       "attention core rate over peak, counting dense 4bs^2h FLOPs (0 = the best gemm_efficiency entry)"},
       {"memory_gib", &HardwareSpec::memory_gib, "device memory, GiB"},
       {"memory_reserved_gib", &HardwareSpec::memory_reserved_gib, "memory not available to tensors, GiB"},
       {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth_gbs, "device memory bandwidth, GB/s"},
@@ -57,6 +59,34 @@ const std::vector<HardwareField>& hardware_fields() {
       {"inter_node_latency_us", &HardwareSpec::inter_node_latency_us, "per message step between nodes, us"},
   };
   return fields;
+}
+
+const char* kGemmTableHelp =
+    "[m, n, k, efficiency] rows: the fraction of the dtype's peak a product [m, k] x [k, n] achieves";
+
+// The gemm_efficiency table: a sequence of [m, n, k, efficiency] sequences. `fail` throws.
+template <typename Fail>
+GemmEfficiencyTable gemm_table_from_yaml(const YAML::Node& node, Fail&& fail) {
+  if (!node.IsSequence()) fail("key 'gemm_efficiency' needs a list of " + std::string(kGemmTableHelp));
+  std::vector<GemmShapeEfficiency> entries;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& row = node[i];
+    const std::string where = "gemm_efficiency entry " + std::to_string(i + 1);
+    if (!row.IsSequence() || row.size() != 4) fail(where + " must be [m, n, k, efficiency]");
+    double v[4] = {0, 0, 0, 0};
+    for (size_t j = 0; j < 4; ++j) {
+      const std::string text = row[j].IsScalar() ? row[j].as<std::string>() : "";
+      try {
+        size_t used = 0;
+        v[j] = std::stod(text, &used);
+        if (used != text.size()) throw std::invalid_argument(text);
+      } catch (const std::exception&) {
+        fail(where + " must hold four numbers, got '" + text + "'");
+      }
+    }
+    entries.push_back({v[0], v[1], v[2], v[3]});
+  }
+  return GemmEfficiencyTable(std::move(entries));
 }
 
 std::string pct(double x) { return fmt::format("{:.1f}%", 100 * x); }
@@ -100,6 +130,7 @@ nlohmann::ordered_json entry_json(const PlanEntry& e) {
           {"recompute", recompute_name(l.recompute)},
           {"distributed_optimizer", l.distributed_optimizer},
           {"sequence_parallel", l.sequence_parallel},
+          {"overlap", l.overlaps.str()},
           {"tflops_per_gpu", t.tflops_per_device},
           {"step_time_s", t.step_s},
           {"memory_bytes", m.total()},
@@ -117,7 +148,10 @@ nlohmann::ordered_json entry_json(const PlanEntry& e) {
             {"dp_comm_s", t.dp_comm_s},
             {"optimizer_s", t.optimizer_s},
             {"bubble_s", t.bubble_s},
-            {"bubble_fraction", t.bubble_fraction}}}};
+            {"bubble_fraction", t.bubble_fraction},
+            {"tp_comm_hidden_s", t.tp_comm_hidden_s},
+            {"pp_comm_hidden_s", t.pp_comm_hidden_s},
+            {"dp_comm_hidden_s", t.dp_comm_hidden_s}}}};
 }
 
 DType dtype_of(const Config& cfg) {
@@ -131,6 +165,7 @@ PlanOptions options_from(const Config& cfg, int devices, int devices_per_node) {
   o.devices_per_node = devices_per_node;
   o.sequence_parallel = cfg.parallel.sequence_parallel;
   o.dtype = dtype_of(cfg);
+  o.overlaps = gpt_train_overlaps(cfg.backend);  // what the trainer itself overlaps on this backend
   return o;
 }
 
@@ -163,6 +198,9 @@ void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top
       cfg.precision.dtype);
   std::cout << fmt::format("hardware: {} ({}); {} devices, {} per node, {:.1f} GiB usable per device\n", hw.name,
                            hw.description, plan.options.devices, hw.devices_per_node, hw.usable_memory_bytes() / GiB);
+  std::cout << fmt::format("overlap of communication with compute: {} (each layout gets the members that apply to it; "
+                           "communication columns are the exposed part)\n",
+                           plan.options.overlaps.str());
   std::cout << fmt::format("{} layouts evaluated: {} fit in memory, {} do not; {} choices break a rule\n\n",
                            plan.layouts.size(), fitting, plan.layouts.size() - fitting, plan.rejected.size());
   if (fitting == 0) {
@@ -175,7 +213,7 @@ void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top
     for (size_t i = 0; i < plan.layouts.size(); ++i) {
       if (!same_layout(plan.layouts[i].layout, *mine)) continue;
       const PlanEntry& e = plan.layouts[i];
-      std::cout << "\nconfigured layout " << mine->str() << ":\n" << row(e.fits ? int(i) + 1 : 0, e) << "\n";
+      std::cout << "\nconfigured layout " << e.layout.str() << ":\n" << row(e.fits ? int(i) + 1 : 0, e) << "\n";
       if (!e.fits)
         std::cout << fmt::format("  does not fit: {:.2f} GiB > {:.2f} GiB usable\n", e.memory.total() / GiB,
                                  hw.usable_memory_bytes() / GiB);
@@ -254,16 +292,47 @@ Tensor random_tensor(Backend& be, const Shape& shape, DType dtype, float scale =
   return t;
 }
 
-// GEMM FLOP/s at a transformer-sized shape, forward and backward (the time model charges backward 2x).
-double gemm_rate(Backend& be, DType dtype) {
-  const int64_t N = 2048, K = 384, O = 1536;
-  Tensor x = random_tensor(be, {N, K}, dtype), w = random_tensor(be, {O, K}, dtype), y = be.empty({N, O}, dtype);
-  Tensor dy = random_tensor(be, {N, O}, dtype), dx = be.empty({N, K}, dtype), dw = be.zeros({O, K});
-  double t = best_seconds(8, [&] {
+// Seconds of the three products of a linear layer y[m, n] = x[m, k] . w[n, k]^T as the trainer runs them
+// (forward, input gradient, weight gradient), the best of a few repetitions (fewer for the big ones: about
+// a third of a second each). The table's entry for (m, n, k) is their average rate: the CPU backend's
+// three product kernels run at different speeds, and every linear layer runs all three.
+double linear_seconds(Backend& be, int64_t m, int64_t n, int64_t k, DType dtype) {
+  Tensor x = random_tensor(be, {m, k}, dtype), w = random_tensor(be, {n, k}, dtype), y = be.empty({m, n}, dtype);
+  Tensor dy = random_tensor(be, {m, n}, dtype), dx = be.empty({m, k}, dtype), dw = be.zeros({n, k});
+  auto once = [&] {
     be.linear_forward(x, w, nullptr, y);
     be.linear_backward(dy, x, w, &dx, dw, nullptr);
-  });
-  return 3 * 2.0 * N * K * O / t;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  once();
+  const double first = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int reps = static_cast<int>(std::clamp(0.3 / std::max(first, 1e-9), 2.0, 8.0));
+  return best_seconds(reps, once);
+}
+
+// The GEMM efficiency table of this machine: fp32 linear layers on a grid of shapes (128, 512, 2048 on
+// each axis) and three with one vocabulary-sized axis (32768, as an LM head has), each over the fastest
+// one's rate, which is returned in *peak_flops.
+GemmEfficiencyTable probe_gemm_table(Backend& be, double* peak_flops) {
+  const int64_t sizes[] = {128, 512, 2048};
+  std::vector<std::array<int64_t, 3>> shapes;
+  for (int64_t m : sizes)
+    for (int64_t n : sizes)
+      for (int64_t k : sizes) shapes.push_back({m, n, k});
+  const int64_t wide = 32768, narrow = 512;
+  shapes.push_back({wide, narrow, narrow});
+  shapes.push_back({narrow, wide, narrow});
+  shapes.push_back({narrow, narrow, wide});
+  std::vector<GemmShapeEfficiency> entries;
+  double peak = 0;
+  for (const auto& [m, n, k] : shapes) {
+    const double rate = 3 * 2.0 * m * n * k / linear_seconds(be, m, n, k, DType::F32);
+    entries.push_back({double(m), double(n), double(k), rate});
+    peak = std::max(peak, rate);
+  }
+  for (GemmShapeEfficiency& e : entries) e.efficiency /= peak;
+  *peak_flops = peak;
+  return GemmEfficiencyTable(std::move(entries));
 }
 
 }  // namespace
@@ -284,6 +353,14 @@ HardwareSpec hardware_from_yaml(const std::string& yaml, const std::string& sour
   std::set<std::string> seen;
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
+    if (key == "matmul_efficiency")
+      fail("key 'matmul_efficiency' was replaced by the table 'gemm_efficiency' (" + std::string(kGemmTableHelp) +
+           "; copy one from configs/hardware/, or rerun 'gpt-train plan --probe FILE' for a CPU)");
+    if (key == "gemm_efficiency") {
+      seen.insert(key);
+      hw.gemm_efficiency = gemm_table_from_yaml(kv.second, fail);
+      continue;
+    }
     if (!kv.second.IsScalar()) fail("key '" + key + "' needs a single value");
     const std::string text = kv.second.as<std::string>();
     seen.insert(key);
@@ -304,7 +381,7 @@ HardwareSpec hardware_from_yaml(const std::string& yaml, const std::string& sour
       for (const HardwareField& c : hardware_fields())
         if (key == c.key) f = &c;
       if (!f) {
-        std::string known = "name, description, devices_per_node";
+        std::string known = "name, description, devices_per_node, gemm_efficiency";
         for (const HardwareField& c : hardware_fields()) known += std::string(", ") + c.key;
         fail("unknown key '" + key + "' (known: " + known + ")");
       }
@@ -320,6 +397,9 @@ HardwareSpec hardware_from_yaml(const std::string& yaml, const std::string& sour
   for (const char* required : {"peak_tflops_16bit", "peak_tflops_fp32", "memory_gib", "memory_bandwidth_gbs",
                                "devices_per_node", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs"})
     if (!seen.count(required)) fail(std::string("missing key '") + required + "'");
+  if (!seen.count("gemm_efficiency"))
+    fail("missing key 'gemm_efficiency' (" + std::string(kGemmTableHelp) +
+         "; copy one from configs/hardware/, or rerun 'gpt-train plan --probe FILE' for a CPU)");
   try {
     hw.validate();
   } catch (const std::invalid_argument& e) {
@@ -351,6 +431,9 @@ std::string hardware_to_yaml(const HardwareSpec& hw) {
                                 quoted(hw.description), hw.devices_per_node);
   for (const HardwareField& f : hardware_fields())
     out += fmt::format("{}: {:.6g}  # {}\n", f.key, hw.*(f.field), f.help);
+  out += fmt::format("gemm_efficiency:  # {}\n", kGemmTableHelp);
+  for (const GemmShapeEfficiency& e : hw.gemm_efficiency.entries())
+    out += fmt::format("  - [{:.0f}, {:.0f}, {:.0f}, {:.4g}]\n", e.m, e.n, e.k, e.efficiency);
   return out;
 }
 
@@ -359,8 +442,9 @@ std::string hardware_to_yaml(const HardwareSpec& hw) {
 std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayout& grid, const HardwareSpec& hw,
                                                int ranks_per_node, std::string* info) {
   const ModelDims m = model_dims_from_config(cfg);
-  const LayoutSpec mine = layout_spec_from_config(cfg, grid);
+  LayoutSpec mine = layout_spec_from_config(cfg, grid);
   PlanOptions o = options_from(cfg, grid.world(), ranks_per_node);
+  mine.overlaps = applicable_overlaps(o.overlaps, mine);
   Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
   PlanEntry chosen = evaluate_layout(m, mine, plan.hardware);
   std::vector<std::string> warnings;
@@ -426,9 +510,18 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
   hw.description = fmt::format("this machine's CPU backend, {} thread(s) per device (measured by gpt-train plan --probe)",
                                threads);
   hw.devices_per_node = devices_per_node;
-  hw.peak_tflops_fp32 = gemm_rate(*be, DType::F32) / 1e12;
-  hw.peak_tflops_16bit = gemm_rate(*be, DType::BF16) / 1e12;
-  hw.matmul_efficiency = 1.0;  // the measured rates are what GEMMs achieve
+  {
+    // The table in fp32; the bf16 peak is bf16's rate at the fastest fp32 shape, and the table's
+    // fractions are applied to it too.
+    double peak = 0;
+    hw.gemm_efficiency = probe_gemm_table(*be, &peak);
+    hw.peak_tflops_fp32 = peak / 1e12;
+    GemmShapeEfficiency fastest;
+    for (const GemmShapeEfficiency& e : hw.gemm_efficiency.entries())
+      if (e.efficiency == 1.0) fastest = e;
+    const auto m = static_cast<int64_t>(fastest.m), n = static_cast<int64_t>(fastest.n), k = static_cast<int64_t>(fastest.k);
+    hw.peak_tflops_16bit = 3 * 2.0 * m * n * k / linear_seconds(*be, m, n, k, DType::BF16) / 1e12;
+  }
   {
     // Attention core forward + backward at config M's shape (heads of 64, seq 256).
     const int64_t B = 1, T = 256, H = 6, D = 64;
@@ -514,8 +607,13 @@ int plan_main(const PlanCommandOptions& args) {
     o.grads_in_compute_dtype = args.grad_dtype == "compute";
     o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
     o.materialized_attention = args.attention == "materialized";
+    o.overlaps = parse_overlaps(args.overlap, cfg.backend);
     const ModelDims m = model_dims_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
+    if (!args.explain.empty()) {
+      std::cout << explain_layout(plan, m, parse_layout_choice(args.explain));
+      return 0;
+    }
     if (args.json)
       print_json(plan, m, cfg.training.global_batch_size);
     else

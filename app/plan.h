@@ -1,8 +1,11 @@
 // `gpt-train plan`: which layout to run a config on N devices. Loads the config and a hardware
 // description (a built-in name or a YAML file, configs/hardware/*.yaml), asks the planner
 // (parallel/planner.h) for every valid layout ranked by predicted step time, and prints them with their
-// memory per device and time breakdown (or all of them as JSON). `--probe FILE` measures this machine's
-// CPU backend instead and writes a hardware file the planner can use. Also here: the start-up checks of
+// memory per device and time breakdown (or all of them as JSON), with the communication overlaps of
+// `--overlap` (parallel/overlap.h; by default what gpt-train does on the config's backend); `--explain`
+// prints one layout's full cost breakdown next to the best (app/plan_explain.h). `--probe FILE` measures
+// this machine's CPU backend instead and writes a hardware file the planner can use, its GEMM efficiency
+// table included. Also here: the start-up checks of
 // train/eval (the memory prediction of the chosen layout, and a warning when the planner finds a layout
 // predicted to be much faster).
 #pragma once
@@ -33,6 +36,8 @@ struct PlanCommandOptions {
   std::string grad_dtype = "fp32";           // fp32 | compute
   std::string p2p_scatter_gather = "off";    // on | off
   std::string attention = "fused";           // fused | materialized
+  std::string overlap = "gpt-train";         // none | gpt-train | megatron-core | a list (parallel/overlap.h)
+  std::string explain;                       // TP,PP,DP: that layout's cost breakdown next to the best
   std::string probe;                         // --probe FILE: measure this CPU instead
   std::optional<int64_t> threads;            // probe threads per device; default OpenMP's
 };
@@ -59,7 +64,7 @@ std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayo
                                                int ranks_per_node = 0, std::string* info = nullptr);
 
 // Measures this machine's CPU backend with `threads` threads per device and returns the description
-// (GEMM, attention and memory-bound rates; memcpy as the intra-node link).
+// (the GEMM efficiency table and peaks, attention and memory-bound rates; memcpy as the intra-node link).
 HardwareSpec probe_cpu(int threads, int devices_per_node);
 
 }  // namespace gpt

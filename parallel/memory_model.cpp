@@ -193,11 +193,12 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string LayoutSpec::str() const {
-  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}", tp, pp, vpp, dp, micro_batch,
+  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}", tp, pp, vpp, dp, micro_batch,
                      recompute_name(recompute), distributed_optimizer ? "on" : "off", sequence_parallel ? " sp" : "",
                      grad_dtype == DType::F32 ? "" : std::string(" grads=") + dtype_name(grad_dtype),
                      p2p_scatter_gather ? " p2p_scatter_gather" : "",
-                     materialized_attention ? " materialized_attention" : "");
+                     materialized_attention ? " materialized_attention" : "",
+                     overlaps.any() ? " overlap=" + overlaps.str() : "");
 }
 
 void validate_layout(const ModelDims& m, const LayoutSpec& l) {

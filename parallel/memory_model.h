@@ -32,6 +32,7 @@
 
 #include "model/tensor.h"
 #include "model/transformer_block.h"
+#include "parallel/overlap.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace gpt {
@@ -64,9 +65,12 @@ struct LayoutSpec {
   // rank sends 1/tp of the activation and the receivers all-gather it over the node's links. Time only:
   // this codebase sends the whole activation from every tensor-parallel rank.
   bool p2p_scatter_gather = false;
-  // Megatron-LM's (2021) unfused attention: the fp32 [B, H, T, T] softmax is written in forward and read
-  // back in backward, which does not recompute QK^T. Time only: this codebase's attention is fused.
+  // Megatron-LM's (2021) unfused attention: the [B, H, T, T] scores, softmax probabilities, dropout mask
+  // and dropped probabilities cross memory in forward and again in backward, which does not recompute
+  // QK^T. Time only: this codebase's attention is fused and has no dropout.
   bool materialized_attention = false;
+  // Communication that runs beside compute (parallel/overlap.h). Time only.
+  Overlaps overlaps;
   int64_t microbatches() const { return global_batch / (micro_batch * dp); }
   int world() const { return tp * pp * dp; }
   // "tp=2 pp=2 vpp=1 dp=1 mb=4 recompute=none dist_opt=off"

@@ -1,0 +1,128 @@
+// `plan --explain` (see plan_explain.h): finds the asked choice's variant in the plan and prints its
+// cost lines beside the best layout's.
+#include "app/plan_explain.h"
+
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace gpt {
+
+namespace {
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string choice_str(const LayoutChoice& c) { return fmt::format("{},{},{}", c.tp, c.pp, c.dp); }
+
+bool is_choice(const LayoutSpec& l, const LayoutChoice& c) { return l.tp == c.tp && l.pp == c.pp && l.dp == c.dp; }
+
+// The asked choice's best fitting variant (layouts are sorted: fitting by step time, then by memory), or
+// its smallest when none fits.
+const PlanEntry* find_choice(const Plan& plan, const LayoutChoice& c) {
+  for (const PlanEntry& e : plan.layouts)
+    if (is_choice(e.layout, c)) return &e;
+  return nullptr;
+}
+
+std::string overlap_lines(const Plan& plan, const LayoutSpec& l) {
+  std::vector<std::string> why_not;
+  const Overlaps applied = applicable_overlaps(plan.options.overlaps, l, &why_not);
+  std::string out = "    applied: " + applied.str() + "\n";
+  for (const std::string& w : why_not) out += "    " + w + "\n";
+  return out;
+}
+
+}  // namespace
+
+LayoutChoice parse_layout_choice(const std::string& text) {
+  LayoutChoice c;
+  std::stringstream in(text);
+  std::string part;
+  std::vector<int> v;
+  while (std::getline(in, part, ',')) {
+    try {
+      size_t used = 0;
+      const int x = std::stoi(part, &used);
+      if (used != part.size() || x < 1) throw std::invalid_argument(part);
+      v.push_back(x);
+    } catch (const std::exception&) {
+      v.clear();
+      break;
+    }
+  }
+  if (v.size() != 3)
+    throw std::invalid_argument("--explain: expected TP,PP,DP (three positive integers, e.g. 8,1,48), got '" + text + "'");
+  c.tp = v[0], c.pp = v[1], c.dp = v[2];
+  return c;
+}
+
+std::string explain_layout(const Plan& plan, const ModelDims& m, const LayoutChoice& c) {
+  const std::string asked = choice_str(c);
+  if (c.tp * c.pp * c.dp != plan.options.devices)
+    throw std::invalid_argument(fmt::format("--explain {}: tensor x pipeline x data is {}, but the plan is for {} "
+                                            "devices (--gpus)",
+                                            asked, c.tp * c.pp * c.dp, plan.options.devices));
+  for (const RejectedLayout& r : plan.rejected)
+    if (r.tp == c.tp && (r.pp == 0 || (r.pp == c.pp && r.dp == c.dp)))
+      throw std::invalid_argument("--explain " + asked + ": " + r.reason);
+  const PlanEntry* mine = find_choice(plan, c);
+  if (!mine)
+    throw std::invalid_argument("--explain " + asked + ": no valid layout with these degrees (the global batch, "
+                                "micro-batch and sequence-parallel rules leave none)");
+  const PlanEntry* best = plan.best();
+  const HardwareSpec& hw = plan.hardware;
+  std::vector<CostLine> a, b;
+  estimate_time(m, mine->layout, hw, &a);
+  if (best) estimate_time(m, best->layout, hw, &b);
+
+  std::string out;
+  out += fmt::format("hardware {}; overlaps assumed: {}\n", hw.name, plan.options.overlaps.str());
+  out += fmt::format("asked ({}): {}{}\n", asked, mine->layout.str(),
+                     mine->fits ? "" : fmt::format("  -- does not fit: {:.2f} GiB > {:.2f} GiB usable",
+                                                   mine->memory.total() / GiB, hw.usable_memory_bytes() / GiB));
+  if (best)
+    out += fmt::format("best:        {}\n", best->layout.str());
+  else
+    out += "best:        none fits in memory\n";
+  out += "\n";
+  const int width = 36;
+  out += fmt::format("{:<{}} {:>12} {:>12} {:>12}\n", "per step, seconds (slowest stage)", width, "asked", "best",
+                     "asked-best");
+  std::string section;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].section != section) {
+      section = a[i].section;
+      out += section + "\n";
+    }
+    const double bv = best ? b[i].seconds : 0;
+    out += fmt::format("  {:<{}} {:>12.4f} {:>12} {:>12}\n", a[i].label, width - 2, a[i].seconds,
+                       best ? fmt::format("{:.4f}", bv) : "-", best ? fmt::format("{:+.4f}", a[i].seconds - bv) : "-");
+    if (!a[i].note.empty()) out += "      asked: " + a[i].note + "\n";
+    if (best && !b[i].note.empty() && b[i].note != a[i].note) out += "      best:  " + b[i].note + "\n";
+  }
+  auto tflops = [](const PlanEntry& e) { return fmt::format("{:.1f}", e.time.tflops_per_device); };
+  out += fmt::format("  {:<{}} {:>12} {:>12}\n", "TFLOP/s per device (Megatron's count)", width - 2, tflops(*mine),
+                     best ? tflops(*best) : "-");
+  out += "memory per device, GiB\n";
+  const MemoryEstimate& ma = mine->memory;
+  auto mem = [&](const char* label, int64_t x, int64_t y) {
+    out += fmt::format("  {:<{}} {:>12.2f} {:>12}\n", label, width - 2, x / GiB, best ? fmt::format("{:.2f}", y / GiB) : "-");
+  };
+  const MemoryEstimate mb = best ? best->memory : MemoryEstimate{};
+  mem("weights", ma.weights, mb.weights);
+  mem("gradients", ma.grads, mb.grads);
+  mem("optimizer state", ma.optimizer, mb.optimizer);
+  mem("activations (peak)", ma.activations, mb.activations);
+  mem("total", ma.total(), mb.total());
+  out += fmt::format("  {:<{}} {:>12.2f}\n", "usable", width - 2, hw.usable_memory_bytes() / GiB);
+  out += "overlaps, asked\n" + overlap_lines(plan, mine->layout);
+  if (best) out += "overlaps, best\n" + overlap_lines(plan, best->layout);
+  if (best)
+    out += fmt::format("\nthe asked choice is predicted {:.1f}% slower than the best\n",
+                       100 * (mine->time.step_s / best->time.step_s - 1));
+  return out;
+}
+
+}  // namespace gpt

@@ -1,0 +1,47 @@
+// A device type and the machine it sits in, as the planner's time model sees it: dense matmul peaks with
+// the GEMM efficiency each product shape achieves (parallel/gemm_efficiency.h), the attention core's rate,
+// memory size and bandwidth, and the links inside and between nodes. Bandwidths are per device and
+// direction, as data sheets give them; the efficiencies say which fraction is achieved in practice. The
+// built-in descriptions (a100-80g, h100-80g, h200) are also in configs/hardware/*.yaml with the sources of
+// every number; a test checks that the two agree.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "parallel/gemm_efficiency.h"
+
+namespace gpt {
+
+struct HardwareSpec {
+  std::string name;
+  std::string description;
+  double peak_tflops_16bit = 0;  // dense bf16 / fp16 matmul peak
+  double peak_tflops_fp32 = 0;   // dense fp32 matmul peak
+  // Achieved fraction of the dtype's peak by product shape (measured in bf16 for the GPUs, in fp32 by the
+  // CPU probe; the same fractions are applied to both peaks).
+  GemmEfficiencyTable gemm_efficiency;
+  double attention_efficiency = 0;  // the attention core's rate over peak, counting Megatron's dense 4 b s^2 h
+                                    // FLOPs (a causal kernel skipping the masked half can exceed 1); 0 = the
+                                    // GEMM table's best entry
+  double memory_gib = 0;            // device memory
+  double memory_reserved_gib = 0;   // not available to tensors (runtime, communication buffers, fragmentation)
+  double memory_bandwidth_gbs = 0;
+  double memory_efficiency = 0.8;
+  int devices_per_node = 1;
+  double intra_node_bandwidth_gbs = 0;  // device to device inside a node (NVLink; shared memory on a CPU)
+  double intra_node_efficiency = 0.75;
+  double intra_node_latency_us = 5;
+  double inter_node_bandwidth_gbs = 0;  // each device's own network link
+  double inter_node_efficiency = 0.8;
+  double inter_node_latency_us = 10;
+
+  double usable_memory_bytes() const;
+  // Throws std::invalid_argument naming the field when a value is missing or impossible.
+  void validate() const;
+};
+
+// Built-in descriptions: a100-80g, h100-80g, h200 (DGX-style nodes of 8). nullptr for other names.
+const HardwareSpec* builtin_hardware(const std::string& name);
+std::vector<std::string> builtin_hardware_names();
+
+}  // namespace gpt

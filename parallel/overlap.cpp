@@ -1,0 +1,107 @@
+// Overlap sets of the time model (see overlap.h): names, presets, parsing and the rules for which
+// overlap applies to which layout.
+#include "parallel/overlap.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "parallel/memory_model.h"
+
+namespace gpt {
+
+namespace {
+
+const char* kFlag = "--overlap";
+const char* kNames = "none, gpt-train, megatron-core, or a comma-separated list of tp, grad-reduce, param-gather, p2p";
+
+}  // namespace
+
+std::string Overlaps::str() const {
+  std::string out;
+  auto add = [&](bool on, const char* name) {
+    if (!on) return;
+    if (!out.empty()) out += ',';
+    out += name;
+  };
+  add(tp, "tp");
+  add(grad_reduce, "grad-reduce");
+  add(param_gather, "param-gather");
+  add(p2p, "p2p");
+  return out.empty() ? "none" : out;
+}
+
+Overlaps gpt_train_overlaps(const std::string& backend) {
+  Overlaps o;
+  // The CUDA step reduces the gradient buffer bucket by bucket (parallel/data_parallel.cpp) on the NCCL
+  // communicator's own stream (NcclCommunicator::all_reduce_async), so a bucket's reduction can run while
+  // the last microbatch's backward goes on; that is the set assumed here. The trainer still starts the
+  // reduction after the whole backward (app/trainer.cpp), so until it launches buckets during the
+  // backward a CUDA run sits between this set and none. The CPU backend's MPI collectives block.
+  o.grad_reduce = backend == "cuda";
+  return o;
+}
+
+Overlaps megatron_core_overlaps() {
+  Overlaps o;
+  o.tp = o.grad_reduce = o.param_gather = o.p2p = true;
+  return o;
+}
+
+Overlaps parse_overlaps(const std::string& text, const std::string& backend) {
+  if (text == "none") return Overlaps{};
+  if (text == "gpt-train") return gpt_train_overlaps(backend);
+  if (text == "megatron-core") return megatron_core_overlaps();
+  Overlaps o;
+  std::stringstream in(text);
+  std::string name;
+  int count = 0;
+  while (std::getline(in, name, ',')) {
+    ++count;
+    if (name == "tp") o.tp = true;
+    else if (name == "grad-reduce") o.grad_reduce = true;
+    else if (name == "param-gather") o.param_gather = true;
+    else if (name == "p2p") o.p2p = true;
+    else
+      throw std::invalid_argument(std::string(kFlag) + ": unknown overlap '" + name + "' in '" + text +
+                                  "' (expected " + kNames + ")");
+  }
+  if (count == 0) throw std::invalid_argument(std::string(kFlag) + ": empty (expected " + kNames + ")");
+  return o;
+}
+
+void check_overlaps_for_search(const Overlaps& wanted, bool sequence_parallel, bool distributed_optimizer_allowed) {
+  const std::string set = std::string(kFlag) + " " + wanted.str();
+  if (wanted.tp && !sequence_parallel)
+    throw std::invalid_argument(set + ": tensor-parallel overlap pipelines all-gathers and reduce-scatters with "
+                                "GEMMs, which needs sequence parallelism (set parallel.sequence_parallel: true, "
+                                "or leave tp out of the list)");
+  if (wanted.param_gather && !distributed_optimizer_allowed)
+    throw std::invalid_argument(set + ": the parameter all-gather exists only with the distributed optimizer, which "
+                                "--distributed-optimizer off excludes");
+  if (wanted.param_gather && !wanted.grad_reduce)
+    throw std::invalid_argument(set + ": param-gather needs grad-reduce too (the parameters are gathered per "
+                                "bucket of the gradient reduction, as in Megatron-Core)");
+}
+
+Overlaps applicable_overlaps(const Overlaps& wanted, const LayoutSpec& l, std::vector<std::string>* why_not) {
+  Overlaps o = wanted;
+  auto drop = [&](bool& member, const std::string& reason) {
+    if (!member) return;
+    member = false;
+    if (why_not) why_not->push_back(reason);
+  };
+  if (l.tp == 1) drop(o.tp, "tp: not applicable (tensor 1 has no tensor-parallel communication)");
+  else if (!l.sequence_parallel)
+    drop(o.tp, "tp: not applicable (needs sequence parallelism: the all-reduces of plain tensor parallelism "
+               "wait for the GEMM that produces their input)");
+  if (l.dp == 1) drop(o.grad_reduce, "grad-reduce: not applicable (data 1 has no gradient reduction)");
+  if (l.dp == 1) drop(o.param_gather, "param-gather: not applicable (data 1 has no parameter all-gather)");
+  else if (!l.distributed_optimizer)
+    drop(o.param_gather, "param-gather: not applicable (only the distributed optimizer all-gathers parameters)");
+  if (l.pp == 1) drop(o.p2p, "p2p: not applicable (pipeline 1 sends nothing)");
+  else if (l.vpp == 1)
+    drop(o.p2p, "p2p: not applicable (Megatron overlaps pipeline transfers only in the interleaved schedule, vpp > 1)");
+  return o;
+}
+
+}  // namespace gpt

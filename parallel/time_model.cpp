@@ -1,0 +1,441 @@
+// The planner's time model (see time_model.h): per-GEMM costs by shape, the collectives of each
+// parallelism, the overlap rule, and the per-step breakdown.
+#include "parallel/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "parallel/pipeline_schedule.h"
+
+namespace gpt {
+
+namespace {
+
+// A collective over n ranks placed `per_node` to a node: a ring inside the node, then a ring over the
+// nodes on 1/per_node of the data each (every member uses its own network link). `ring_factor` is 2 for
+// an all-reduce and 1 for an all-gather or a reduce-scatter; `bytes` is the full buffer.
+double collective_seconds(double bytes, int n, int per_node, double ring_factor, const HardwareSpec& hw) {
+  if (n <= 1) return 0;
+  per_node = std::max(1, std::min(per_node, n));
+  const int nodes = (n + per_node - 1) / per_node;
+  const double intra_bw = hw.intra_node_bandwidth_gbs * 1e9 * hw.intra_node_efficiency;
+  const double inter_bw = hw.inter_node_bandwidth_gbs * 1e9 * hw.inter_node_efficiency;
+  double t = 0;
+  if (per_node > 1)
+    t += ring_factor * ((per_node - 1.0) / per_node * bytes / intra_bw + (per_node - 1) * hw.intra_node_latency_us * 1e-6);
+  if (nodes > 1)
+    t += ring_factor * ((nodes - 1.0) / nodes * bytes / per_node / inter_bw + (nodes - 1) * hw.inter_node_latency_us * 1e-6);
+  return t;
+}
+
+double p2p_seconds(double bytes, bool inter_node, const HardwareSpec& hw) {
+  if (inter_node) return bytes / (hw.inter_node_bandwidth_gbs * 1e9 * hw.inter_node_efficiency) + hw.inter_node_latency_us * 1e-6;
+  return bytes / (hw.intra_node_bandwidth_gbs * 1e9 * hw.intra_node_efficiency) + hw.intra_node_latency_us * 1e-6;
+}
+
+// Compute that runs beside communication is slowed by it (the communication kernels take SMs and memory
+// bandwidth): by 18.9% on average over GPT and LLaMA layers on A100, H100, MI250 and MI210 (Lee et al.
+// 2025, "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
+// arXiv:2507.03114, abstract and sec. 5).
+constexpr double kOverlapSlowdown = 0.189;
+
+// The overlap rule: a transfer beside `compute` seconds of work costs what the work cannot cover, plus the
+// slowdown of the work it does cover.
+double exposed(double transfer, double compute, bool overlapped) {
+  if (!overlapped) return transfer;
+  return std::max(0.0, transfer - compute) + kOverlapSlowdown * std::min(transfer, compute);
+}
+
+// The part of a transfer that the overlap hides.
+double covered(double transfer, double compute, bool overlapped) { return overlapped ? std::min(transfer, compute) : 0; }
+
+// Per-device throughputs for one layout's compute dtype.
+struct Rates {
+  double peak = 0, attention = 0, memory = 0;  // FLOP/s, FLOP/s, B/s
+  double dsize = 4;
+  const GemmEfficiencyTable* gemms = nullptr;
+};
+
+Rates rates_for(const HardwareSpec& hw, DType dtype) {
+  Rates r;
+  r.peak = (dtype == DType::F32 ? hw.peak_tflops_fp32 : hw.peak_tflops_16bit) * 1e12;
+  r.attention = r.peak * (hw.attention_efficiency > 0 ? hw.attention_efficiency : hw.gemm_efficiency.best());
+  r.memory = hw.memory_bandwidth_gbs * 1e9 * hw.memory_efficiency;
+  r.dsize = static_cast<double>(dtype_size(dtype));
+  r.gemms = &hw.gemm_efficiency;
+  return r;
+}
+
+// One product C[m, n] = A[m, k] . B[k, n] as a roofline.
+struct Gemm {
+  double m = 0, n = 0, k = 0, efficiency = 0, seconds = 0;
+  std::string str() const { return fmt::format("{:.0f}x{:.0f}x{:.0f} at {:.0f}%", m, n, k, 100 * efficiency); }
+};
+
+Gemm gemm(double m, double n, double k, const Rates& r) {
+  Gemm g{m, n, k, r.gemms->at(m, n, k), 0};
+  g.seconds = std::max(2 * m * n * k / (r.peak * g.efficiency), (m * k + n * k + m * n) * r.dsize / r.memory);
+  return g;
+}
+
+// y[rows, out] = x[rows, in] . W[out, in]^T: the forward, input-gradient and weight-gradient products.
+struct Linear {
+  Gemm fprop, dgrad, wgrad;
+  double forward() const { return fprop.seconds; }
+  double backward() const { return dgrad.seconds + wgrad.seconds; }
+  std::string str() const {
+    return "forward " + fprop.str() + ", input gradient " + dgrad.str() + ", weight gradient " + wgrad.str();
+  }
+};
+
+Linear linear(double rows, double in, double out, const Rates& r) {
+  return {gemm(rows, out, in, r), gemm(rows, in, out, r), gemm(out, in, rows, r)};
+}
+
+// A tensor-parallel collective and what the tp overlap runs it beside: Transformer Engine splits that
+// GEMM into pieces so the transfer of one piece runs under the product of another (`split` seconds for
+// the pieces together, more than the whole product when the pieces are small); nothing when
+// beside_split is 0.
+struct Collective {
+  double seconds = 0;
+  double gemm = 0;   // the product it is paired with, unsplit
+  double split = 0;  // the same product in Transformer Engine's pieces
+  // Exposed time with the overlap: what the pieces cannot cover, what splitting costs them and the
+  // slowdown of the part they cover.
+  double overlapped() const { return exposed(seconds, split, true) + (split - gemm); }
+  double hidden() const { return std::min(seconds, split); }
+};
+
+// The same product in `pieces` row blocks (Transformer Engine's ring exchange: one block per tp rank;
+// its pipelined reduce-scatter: 4).
+double split_seconds(const Gemm& g, int pieces, const Rates& r) {
+  return pieces * gemm(g.m / pieces, g.n, g.k, r).seconds;
+}
+
+// One microbatch through one transformer block on one device.
+struct LayerCosts {
+  Linear qkv, proj, fc1, fc2;
+  double attention_fwd = 0, attention_bwd = 0;
+  double elementwise_fwd = 0, elementwise_bwd = 0;
+  double recompute = 0;  // added to the backward: full reruns the forward, selective one piece of it
+  std::vector<Collective> tp;  // forward, backward and recompute collectives in order
+  double gemms_fwd() const { return qkv.forward() + proj.forward() + fc1.forward() + fc2.forward(); }
+  double fwd() const { return gemms_fwd() + attention_fwd + elementwise_fwd; }
+  double bwd() const {
+    return qkv.backward() + proj.backward() + fc1.backward() + fc2.backward() + attention_bwd + elementwise_bwd +
+           recompute;
+  }
+  double tp_total() const {
+    double t = 0;
+    for (const Collective& c : tp) t += c.seconds;
+    return t;
+  }
+  double tp_exposed(bool overlap) const {
+    double t = 0;
+    for (const Collective& c : tp) t += overlap && c.split > 0 ? c.overlapped() : c.seconds;
+    return t;
+  }
+  double tp_hidden(bool overlap) const {
+    double t = 0;
+    for (const Collective& c : tp) t += overlap && c.split > 0 ? c.hidden() : 0;
+    return t;
+  }
+};
+
+LayerCosts layer_costs(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
+  const double t = l.tp, b = static_cast<double>(l.micro_batch), s = static_cast<double>(m.seq_length);
+  const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  const double N = b * s;
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  const double rows = sp ? N / t : N;
+  const double X = rows * h * r.dsize, Xf = N * h * r.dsize, F = N * f / t * r.dsize;
+  LayerCosts c;
+  c.qkv = linear(N, h, 3 * h / t, r);
+  c.proj = linear(N, h / t, h, r);
+  c.fc1 = linear(N, h, f / t, r);
+  c.fc2 = linear(N, f / t, h, r);
+  // QK^T and PV for the local heads. Fused, q, k, v and the output cross memory once, and the backward
+  // recomputes QK^T (5 products to the forward's 2). Materialised (Megatron-LM's 2021 attention,
+  // LayoutSpec::materialized_attention), every element of the [b, a/t, s, s] scores crosses memory in
+  // the compute dtype: forward, QK^T writes the scores, the softmax reads them and writes the
+  // probabilities, dropout reads those and writes the dropped probabilities and a one-byte mask, PV reads
+  // them (6 d + 1 bytes); backward, PV's product writes their gradient, dropout's backward reads it and
+  // the mask and writes the probabilities' gradient, the softmax backward reads it and the probabilities
+  // and writes the scores' gradient, which the two products of QK^T's backward read, and PV's weight
+  // gradient reads the dropped probabilities again (9 d + 1 bytes).
+  const double qkvo = 4 * N * h / t * r.dsize;
+  const double core_flops = 4 * b * s * s * h / t;
+  if (l.materialized_attention) {
+    const double scores = b * (static_cast<double>(m.heads) / t) * s * s;
+    c.attention_fwd = std::max(core_flops / r.attention, (scores * (6 * r.dsize + 1) + qkvo) / r.memory);
+    c.attention_bwd = std::max(2 * core_flops / r.attention, (scores * (9 * r.dsize + 1) + 2 * qkvo) / r.memory);
+  } else {
+    c.attention_fwd = std::max(core_flops / r.attention, qkvo / r.memory);
+    c.attention_bwd = 2.5 * c.attention_fwd;
+  }
+  // ln1 and ln2 (read, write), two residual adds (2 reads, 1 write), GELU (read, write); backward twice.
+  c.elementwise_fwd = (10 * X + 2 * F) / r.memory;
+  c.elementwise_bwd = 2 * c.elementwise_fwd;
+  if (l.recompute == Recompute::Full) c.recompute = c.fwd();
+  if (l.recompute == Recompute::Selective)  // Megatron's: the attention core; this codebase's: the GELU output
+    c.recompute = l.materialized_attention ? c.attention_fwd : 2 * F / r.memory;
+
+  if (l.tp > 1) {
+    const int per_node = std::min(l.tp, hw.devices_per_node);  // TP groups are consecutive ranks
+    if (sp) {
+      // Each all-gather or reduce-scatter of the full rows, paired as Transformer Engine pairs them
+      // (transformer_engine/pytorch/module/base.py, initialize_ub): all-gathers by ring exchange under the
+      // qkv and fc1 forward and the proj and fc2 input-gradient products, split into tp row blocks;
+      // reduce-scatters pipelined with the proj and fc2 forward products in 4 blocks, and in bulk with
+      // the qkv and fc1 weight-gradient products.
+      const double half = collective_seconds(Xf, l.tp, per_node, 1, hw);
+      auto ring = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, l.tp, r)}; };
+      auto pipelined = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, 4, r)}; };
+      auto bulk = [&](const Gemm& g) { return Collective{half, g.seconds, g.seconds}; };
+      const std::vector<Collective> forward = {ring(c.qkv.fprop), pipelined(c.proj.fprop), ring(c.fc1.fprop),
+                                               pipelined(c.fc2.fprop)};
+      c.tp = forward;
+      c.tp.insert(c.tp.end(), {ring(c.fc2.dgrad), bulk(c.fc1.wgrad), ring(c.proj.dgrad), bulk(c.qkv.wgrad)});
+      if (l.recompute == Recompute::Full) c.tp.insert(c.tp.end(), forward.begin(), forward.end());
+    } else {
+      // All-reduces of a GEMM's output: nothing runs beside them.
+      const double ar = collective_seconds(Xf, l.tp, per_node, 2, hw);
+      const int count = l.recompute == Recompute::Full ? 6 : 4;
+      c.tp.assign(count, Collective{ar, 0, 0});
+    }
+  }
+  return c;
+}
+
+// The embedding and the LM head with the loss, for one microbatch.
+struct EndCosts {
+  double embed_fwd = 0, embed_bwd = 0, embed_tp = 0;
+  Linear head;
+  double head_total = 0, head_tp = 0;  // final layernorm + LM head + loss, forward and backward
+};
+
+EndCosts end_costs(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
+  const double t = l.tp, N = static_cast<double>(l.micro_batch * m.seq_length), h = static_cast<double>(m.hidden);
+  const double V = static_cast<double>(m.padded_vocab(l.tp));
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  const double X = (sp ? N / t : N) * h * r.dsize, Xf = N * h * r.dsize;
+  const int per_node = std::min(l.tp, hw.devices_per_node);
+  const double ring = collective_seconds(Xf, l.tp, per_node, 2, hw);
+  EndCosts e;
+  e.embed_fwd = 2 * Xf / r.memory;
+  e.embed_bwd = 2 * Xf / r.memory;
+  e.embed_tp = ring;  // all-reduce of the lookup (reduce-scatter, then all-gather in backward, under SP)
+  // Logits are fp32 [N, V/t]: written, read for the max, the sum and the backward (which overwrites them).
+  e.head = linear(N, h, V / t, r);
+  e.head_total = e.head.forward() + e.head.backward() + 5 * 4 * N * V / t / r.memory + 5 * X / r.memory;
+  // Input gather (SP) and the reduction of dx; max, sum and target logit are three small all-reduces.
+  e.head_tp = ring + 3 * collective_seconds(4 * N, l.tp, per_node, 2, hw);
+  return e;
+}
+
+int nodes_spanned(int ranks, int devices_per_node) { return (ranks + devices_per_node - 1) / devices_per_node; }
+
+// One pipeline rank's work for one microbatch (all its chunks).
+struct StageCosts {
+  int layers = 0;
+  bool first = false, last = false;
+  double compute = 0, fwd_compute = 0, bwd_compute = 0;
+  double tp = 0, tp_exposed = 0, tp_hidden = 0;
+  double p2p = 0, p2p_exposed = 0, p2p_hidden = 0;
+  double total() const { return compute + tp_exposed + p2p_exposed; }
+};
+
+// The data-parallel side of one pipeline rank: its gradient reduction and parameter gather.
+struct StageDataParallel {
+  double grad = 0, grad_exposed = 0, grad_hidden = 0, param = 0, param_exposed = 0, param_hidden = 0;
+  double exposed() const { return grad_exposed + param_exposed; }
+};
+
+
+}  // namespace
+
+double megatron_flops_per_step(const ModelDims& m, const LayoutSpec& l) {
+  const double s = static_cast<double>(m.seq_length), h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  const double layer_gemm = 2 * s * (4 * h * h + 2 * h * f), layer_attention = 4 * s * s * h;  // forward, per sample
+  double passes_gemm = 3, passes_attention = 3;  // forward + backward (2x)
+  if (l.recompute == Recompute::Full) passes_gemm = passes_attention = 4;
+  if (l.recompute == Recompute::Selective) passes_attention = 4;
+  const double head = 6 * s * h * static_cast<double>(m.padded_vocab(l.tp));
+  return static_cast<double>(l.global_batch) *
+         (static_cast<double>(m.num_layers) * (passes_gemm * layer_gemm + passes_attention * layer_attention) + head);
+}
+
+double model_flops_per_step(const ModelDims& m, const LayoutSpec& l) {
+  LayoutSpec plain = l;
+  plain.recompute = Recompute::None;
+  return megatron_flops_per_step(m, plain);
+}
+
+double pipeline_step_seconds(int64_t microbatches, int vpp, const std::vector<double>& stage_seconds) {
+  double max = 0, sum = 0;
+  for (double t : stage_seconds) max = std::max(max, t), sum += t;
+  return static_cast<double>(microbatches) * max + (sum - max) / vpp;
+}
+
+TimeEstimate estimate_time(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw,
+                           std::vector<CostLine>* details) {
+  validate_layout(m, l);
+  std::vector<std::string> why_not;
+  if (!(applicable_overlaps(l.overlaps, l, &why_not) == l.overlaps))
+    throw std::invalid_argument("layout " + l.str() + ": " + why_not.front());
+  const Rates r = rates_for(hw, l.dtype);
+  const LayerCosts layer = layer_costs(m, l, hw, r);
+  const EndCosts ends = end_costs(m, l, hw, r);
+  const Overlaps& ov = l.overlaps;
+  const int p = l.pp, v = l.vpp, G = hw.devices_per_node;
+  const double mbs = static_cast<double>(l.microbatches());
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  const double X = static_cast<double>(sp ? l.micro_batch * m.seq_length / l.tp : l.micro_batch * m.seq_length) *
+                   static_cast<double>(m.hidden) * r.dsize;
+  // Pipeline neighbours are tp * dp ranks apart: once the pipeline spans nodes, some hop crosses one.
+  const bool pp_inter = nodes_spanned(l.tp * l.dp * p, G) > 1;
+  double recv = p2p_seconds(X, pp_inter, hw);
+  if (l.p2p_scatter_gather && l.tp > 1 && !sp)  // 1/tp of it per rank, then an all-gather inside the node
+    recv = p2p_seconds(X / l.tp, pp_inter, hw) + collective_seconds(X, l.tp, std::min(l.tp, G), 1, hw);
+
+  // Per-microbatch work of every pipeline rank.
+  std::vector<StageCosts> stages(p);
+  std::vector<double> stage_seconds;
+  int slowest = 0;
+  for (int rank = 0; rank < p; ++rank) {
+    StageCosts& st = stages[rank];
+    for (int c = 0; c < v; ++c) {
+      auto [begin, end] = chunk_layer_range(static_cast<int>(m.num_layers), p, v, rank, c);
+      const int stage = c * p + rank;
+      const double layers = end - begin;
+      double fwd = layers * layer.fwd(), bwd = layers * layer.bwd();
+      st.layers += end - begin;
+      st.tp += layers * layer.tp_total();
+      st.tp_exposed += layers * layer.tp_exposed(ov.tp);
+      st.tp_hidden += layers * layer.tp_hidden(ov.tp);
+      if (stage == 0) {
+        st.first = true;
+        fwd += ends.embed_fwd, bwd += ends.embed_bwd;
+        st.tp += ends.embed_tp, st.tp_exposed += ends.embed_tp;
+      }
+      if (stage == p * v - 1) {  // the executor runs the head's forward and backward with the loss
+        st.last = true;
+        fwd += ends.head_total;
+        st.tp += ends.head_tp, st.tp_exposed += ends.head_tp;
+      }
+      if (stage > 0) {  // activation in
+        st.p2p += recv, st.p2p_exposed += exposed(recv, fwd, ov.p2p), st.p2p_hidden += covered(recv, fwd, ov.p2p);
+      }
+      if (stage < p * v - 1) {  // gradient in
+        st.p2p += recv, st.p2p_exposed += exposed(recv, bwd, ov.p2p), st.p2p_hidden += covered(recv, bwd, ov.p2p);
+      }
+      st.fwd_compute += fwd, st.bwd_compute += bwd;
+    }
+    st.compute = st.fwd_compute + st.bwd_compute;
+    stage_seconds.push_back(st.total());
+    if (st.total() > stages[slowest].total()) slowest = rank;
+  }
+  const StageCosts& worst = stages[slowest];
+  const double pipeline = pipeline_step_seconds(l.microbatches(), v, stage_seconds);
+  TimeEstimate e;
+  e.compute_s = mbs * worst.compute;
+  e.tp_comm_s = mbs * worst.tp_exposed;
+  e.tp_comm_hidden_s = mbs * worst.tp_hidden;
+  e.pp_comm_s = mbs * worst.p2p_exposed;
+  e.pp_comm_hidden_s = mbs * worst.p2p_hidden;
+  e.bubble_s = pipeline - mbs * worst.total();
+  e.bubble_fraction = e.bubble_s / (mbs * worst.total());
+
+  // Data parallel: the group is dp ranks tp apart; tp | devices_per_node puts devices_per_node / tp of
+  // them on each node (or all of them, when the group is smaller). Every stage reduces its own gradients
+  // at once; the step waits for the one with the most exposed.
+  const double gsize = static_cast<double>(dtype_size(l.grad_dtype));
+  const int per_node_dp = std::max(1, std::min(l.dp, G / std::max(1, l.tp)));
+  const bool sharded = l.distributed_optimizer && l.dp > 1;
+  std::vector<StageDataParallel> dps(p);
+  int dp_worst = 0;
+  int64_t most_params = 0;
+  for (int rank = 0; rank < p; ++rank) {
+    int64_t n = 0;
+    for (int64_t c : chunk_parameter_counts(m, l, rank)) n += c;
+    most_params = std::max(most_params, n);
+    const double params = static_cast<double>(n);
+    StageDataParallel& d = dps[rank];
+    if (sharded) {
+      d.grad = collective_seconds(gsize * params, l.dp, per_node_dp, 1, hw);       // reduce-scatter
+      d.param = collective_seconds(r.dsize * params, l.dp, per_node_dp, 1, hw);    // all-gather
+    } else {
+      d.grad = collective_seconds(gsize * params, l.dp, per_node_dp, 2, hw);       // all-reduce
+    }
+    d.grad_exposed = exposed(d.grad, stages[rank].bwd_compute, ov.grad_reduce);
+    d.grad_hidden = covered(d.grad, stages[rank].bwd_compute, ov.grad_reduce);
+    d.param_exposed = exposed(d.param, stages[rank].fwd_compute, ov.param_gather);
+    d.param_hidden = covered(d.param, stages[rank].fwd_compute, ov.param_gather);
+    if (d.exposed() > dps[dp_worst].exposed()) dp_worst = rank;
+  }
+  const StageDataParallel& dpw = dps[dp_worst];
+  double tied = 0;
+  if (p > 1) {  // tied word embedding: first and last stage, p * tp * dp ranks apart
+    const double table = gsize * static_cast<double>(m.padded_vocab(l.tp) / l.tp * m.hidden);
+    tied = collective_seconds(table, 2, nodes_spanned(l.tp * l.dp * p, G) > 1 ? 1 : 2, 2, hw);
+  }
+  // AdamW over this rank's shard: master, m, v read and written, gradient read; the cast back to the
+  // compute dtype; zeroing, norm and clipping passes over the gradients.
+  const double shard = static_cast<double>(most_params) / (sharded ? l.dp : 1);
+  e.optimizer_s = (shard * (28 + 4 + r.dsize + 4 + 8) + static_cast<double>(most_params) * gsize) / r.memory;
+  e.dp_comm_s = dpw.exposed() + tied;
+  e.dp_comm_hidden_s = dpw.grad_hidden + dpw.param_hidden;
+  e.step_s = pipeline + e.dp_comm_s + e.optimizer_s;
+  e.flops_per_step = megatron_flops_per_step(m, l);
+  e.tflops_per_device = e.flops_per_step / e.step_s / l.world() / 1e12;
+
+  if (details) {
+    std::vector<CostLine>& out = *details;
+    out.clear();
+    const double L = worst.layers * mbs;
+    auto add = [&](const char* section, const char* label, double seconds, const std::string& note) {
+      out.push_back({section, label, seconds, note});
+    };
+    const std::string stage_note = fmt::format("pipeline stage {} of {}, {} layers, {} microbatches", slowest, p,
+                                               worst.layers, l.microbatches());
+    add("compute", "GEMM qkv", L * (layer.qkv.forward() + layer.qkv.backward()), layer.qkv.str());
+    add("compute", "GEMM proj", L * (layer.proj.forward() + layer.proj.backward()), layer.proj.str());
+    add("compute", "GEMM fc1", L * (layer.fc1.forward() + layer.fc1.backward()), layer.fc1.str());
+    add("compute", "GEMM fc2", L * (layer.fc2.forward() + layer.fc2.backward()), layer.fc2.str());
+    add("compute", "attention core", L * (layer.attention_fwd + layer.attention_bwd),
+        l.materialized_attention ? "materialised scores, softmax and dropout" : "fused");
+    add("compute", "layernorms, GELU, residual adds", L * (layer.elementwise_fwd + layer.elementwise_bwd), "memory traffic");
+    add("compute", "recomputation", L * layer.recompute, recompute_name(l.recompute));
+    add("compute", "embedding", worst.first ? mbs * (ends.embed_fwd + ends.embed_bwd) : 0, worst.first ? "" : "not on this stage");
+    add("compute", "LM head and loss", worst.last ? mbs * ends.head_total : 0,
+        worst.last ? ends.head.str() : "not on this stage");
+    add("compute", "compute total", e.compute_s, stage_note);
+    add("tensor parallel", "collectives", mbs * worst.tp,
+        l.tp == 1 ? "tensor 1" : fmt::format("{} per layer and microbatch{}", layer.tp.size(), sp ? ", sequence parallel" : ""));
+    add("tensor parallel", "hidden under GEMMs", e.tp_comm_hidden_s, ov.tp ? "tp overlap" : "no tp overlap");
+    add("tensor parallel", "exposed", e.tp_comm_s,
+        ov.tp ? "what the split GEMMs cannot cover, the cost of splitting them, their slowdown" : "");
+    add("pipeline", "receives", mbs * worst.p2p, p == 1 ? "pipeline 1" : fmt::format("{} per microbatch", v * 2 - (worst.first ? 1 : 0) - (worst.last ? 1 : 0)));
+    add("pipeline", "hidden under chunk passes", e.pp_comm_hidden_s, ov.p2p ? "p2p overlap" : "no p2p overlap");
+    add("pipeline", "exposed", e.pp_comm_s, ov.p2p ? "what the passes cannot cover, plus their slowdown" : "");
+    add("pipeline", "bubble", e.bubble_s, fmt::format("{:.1f}% of the busy time", 100 * e.bubble_fraction));
+    add("data parallel", "gradient reduction", dpw.grad,
+        l.dp == 1 ? "data 1" : sharded ? "reduce-scatter" : "all-reduce");
+    add("data parallel", "hidden under the last backward", dpw.grad_hidden,
+        ov.grad_reduce ? "grad-reduce overlap" : "no grad-reduce overlap");
+    add("data parallel", "parameter all-gather", dpw.param, sharded ? "distributed optimizer" : "none");
+    add("data parallel", "hidden under the first forward", dpw.param_hidden,
+        ov.param_gather ? "param-gather overlap" : "no param-gather overlap");
+    add("data parallel", "tied embedding all-reduce", tied, p > 1 ? "first and last stage" : "one stage holds both");
+    add("data parallel", "exposed", e.dp_comm_s,
+        fmt::format("pipeline stage {}{}", dp_worst,
+                    ov.grad_reduce || ov.param_gather ? "; what the passes cannot cover, plus their slowdown" : ""));
+    add("optimizer", "AdamW, norm, clipping", e.optimizer_s, sharded ? "this rank's shard" : "all parameters");
+    add("step", "step time", e.step_s, "");
+  }
+  return e;
+}
+
+}  // namespace gpt
