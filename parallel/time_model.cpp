@@ -96,8 +96,8 @@ Linear linear(double rows, double in, double out, const Rates& r) {
 
 // A tensor-parallel collective and what the tp overlap runs it beside: Transformer Engine splits that
 // GEMM into pieces so the transfer of one piece runs under the product of another (`split` seconds for
-// the pieces together, more than the whole product when the pieces are small); nothing when
-// beside_split is 0.
+// the pieces together, more than the whole product when the pieces are small). split = 0: nothing can
+// (an all-reduce waits for the product that makes its input).
 struct Collective {
   double seconds = 0;
   double gemm = 0;   // the product it is paired with, unsplit
