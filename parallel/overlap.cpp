@@ -32,11 +32,11 @@ std::string Overlaps::str() const {
 
 Overlaps gpt_train_overlaps(const std::string& backend) {
   Overlaps o;
-  // The CUDA step reduces the gradient buffer bucket by bucket (parallel/data_parallel.cpp) on the NCCL
-  // communicator's own stream (NcclCommunicator::all_reduce_async), so a bucket's reduction can run while
-  // the last microbatch's backward goes on; that is the set assumed here. The trainer still starts the
-  // reduction after the whole backward (app/trainer.cpp), so until it launches buckets during the
-  // backward a CUDA run sits between this set and none. The CPU backend's MPI collectives block.
+  // The trainer starts each gradient bucket's reduction during the last microbatch's backward as soon as
+  // the bucket is complete (parallel.overlap_grad_reduce, parallel/grad_buckets.h). On CUDA it runs on the
+  // NCCL communicator's own stream beside the backward kernels: that is the set assumed here. On the CPU
+  // MPI's non-blocking collectives advance only inside MPI calls (the bucket reducer tests them as later
+  // buckets start), so a CPU run is taken to hide nothing.
   o.grad_reduce = backend == "cuda";
   return o;
 }
