@@ -1,5 +1,6 @@
 // Subcommand implementations: train, eval, schedule, config. Each turns its options into a validated
 // config and a process grid, then hands over to the trainer or prints what was asked for.
+#include "app/config_model.h"
 #include "app/commands.h"
 
 #include <mpi.h>
@@ -154,7 +155,7 @@ void refuse_impossible_host_memory(const Config& cfg, const GridLayout& layout, 
   MemoryEstimate e;
   double activations = 0;
   try {
-    const ModelDims dims = model_dims_from_config(cfg);
+    const ModelDescription dims = model_description_from_config(cfg);
     const LayoutSpec spec = layout_spec_from_config(cfg, layout);
     e = estimate_peak_memory(dims, spec);
     activations = static_cast<double>(training ? e.activations : largest_forward_tensor(dims, spec));

@@ -15,6 +15,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "app/config.h"
+#include "app/config_model.h"
 #include "app/config_paths.h"
 #include "app/config_schema.h"
 #include "app/config_sizes.h"
@@ -227,6 +228,10 @@ std::string split_error(const std::string& split) {
 
 }  // namespace
 
+int64_t Config::ffn_hidden() const {
+  return model.ffn_hidden_size ? model.ffn_hidden_size : default_ffn_width(model.hidden_size, model.swiglu);
+}
+
 void validate_config(const Config& c) {
   auto require = [&](bool ok, const std::string& what) {
     if (!ok) throw ConfigError(fmt::format("config {}: {}", c.source, what));
@@ -270,7 +275,7 @@ void validate_config(const Config& c) {
   at_least("model.hidden_size", m.hidden_size, 1);
   at_least("model.num_heads", m.num_heads, 1);
   require(m.ffn_hidden_size >= 0,
-          fmt::format("model.ffn_hidden_size must be >= 1 (or 0 for 4 * hidden_size), got {}", m.ffn_hidden_size));
+          fmt::format("model.ffn_hidden_size must be >= 1 (or 0 for the default width), got {}", m.ffn_hidden_size));
   at_least("model.seq_length", m.seq_length, 1);
   at_least("model.vocab_size", m.vocab_size, 2);
   at_least("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, 1);
@@ -345,6 +350,16 @@ void validate_config(const Config& c) {
                       m.num_layers, p.pipeline, p.virtual_pipeline));
   require(m.num_heads % p.tensor == 0,
           fmt::format("model.num_heads ({}) must be divisible by parallel.tensor ({})", m.num_heads, p.tensor));
+  try {
+    model_description_from_config(c).validate();
+  } catch (const std::invalid_argument& e) {
+    require(false, e.what());
+  }
+  require(m.num_query_groups == 0 || m.num_query_groups % p.tensor == 0,
+          fmt::format("model.num_query_groups ({}) must be divisible by parallel.tensor ({}): each rank holds whole "
+                      "key/value groups (replicating them over more tensor-parallel ranks than groups is not "
+                      "supported)",
+                      m.num_query_groups, p.tensor));
   require(c.ffn_hidden() % p.tensor == 0,
           fmt::format("model.ffn_hidden_size ({}) must be divisible by parallel.tensor ({})", c.ffn_hidden(), p.tensor));
   require(!p.sequence_parallel || m.seq_length % p.tensor == 0,

@@ -21,6 +21,15 @@ struct ModelConfig {
   double layernorm_eps = 1e-5;
   double init_std = 0.02;
   std::string attention_backend = "auto";  // CUDA: auto | cudnn | unfused (the CPU has one fused attention)
+  // Variants, named after Megatron-LM's flags (defaults: the GPT-2/GPT-3 model); see model/model_description.h.
+  std::string position_embedding_type = "learned_absolute";  // learned_absolute | rope
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  std::string normalization = "LayerNorm";  // LayerNorm | RMSNorm
+  bool swiglu = false;
+  int64_t num_query_groups = 0;  // 0 = num_heads (multi-head attention)
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;
 };
 
 struct ParallelConfig {
@@ -115,7 +124,8 @@ struct Config {
   LoggingConfig logging;
   std::string source = "<defaults>";  // file the config came from, for error messages
 
-  int64_t ffn_hidden() const { return model.ffn_hidden_size ? model.ffn_hidden_size : 4 * model.hidden_size; }
+  // model.ffn_hidden_size, or Megatron-LM's default for the MLP (model/model_description.h).
+  int64_t ffn_hidden() const;
 };
 
 // Thrown for any config problem; the message names the key and the source file.

@@ -24,7 +24,7 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(model, num_layers, "transformer layers"),
       GPT_KEY(model, hidden_size, "width of the residual stream"),
       GPT_KEY(model, num_heads, "attention heads per layer"),
-      GPT_KEY(model, ffn_hidden_size, "MLP inner width; 0 = 4 * hidden_size"),
+      GPT_KEY(model, ffn_hidden_size, "MLP inner width; 0 = 4 * hidden_size (SwiGLU: see model.swiglu)"),
       GPT_KEY(model, seq_length, "tokens per sample"),
       GPT_KEY(model, vocab_size, "tokenizer vocabulary size (before padding)"),
       GPT_KEY(model, make_vocab_size_divisible_by, "padded vocab is a multiple of this times parallel.tensor"),
@@ -35,6 +35,21 @@ const std::vector<ConfigKey>& config_keys() {
               "warning (auto); cuDNN or an error (cudnn); the unfused path (unfused). The CPU backend has one "
               "fused attention and ignores it",
               "auto", "cudnn", "unfused"),
+      GPT_KEY(model, position_embedding_type,
+              "learned position table (learned_absolute) or rotary embeddings of queries and keys (rope)",
+              "learned_absolute", "rope"),
+      GPT_KEY(model, rotary_base, "RoPE: theta_i = rotary_base^(-2i/rotary_dims)"),
+      GPT_KEY(model, rotary_percent, "RoPE: share (0, 1] of each head's dims that rotate"),
+      GPT_KEY(model, normalization, "the blocks' and the final norm", "LayerNorm", "RMSNorm"),
+      GPT_KEY(model, swiglu,
+              "SwiGLU MLP: fc2(silu(x W_gate) * x W_up); ffn_hidden_size 0 then means 2/3 * 4 * hidden_size "
+              "rounded down to a multiple of 64"),
+      GPT_KEY(model, num_query_groups,
+              "key/value heads of grouped-query attention, dividing num_heads and divisible by parallel.tensor; "
+              "0 = num_heads (multi-head attention)"),
+      GPT_KEY(model, untie_embeddings_and_output_weights,
+              "a separate output layer on the last stage instead of the word embedding"),
+      GPT_KEY(model, add_bias_linear, "biases on the qkv, projection and MLP linears (false = --disable-bias-linear)"),
 
       GPT_KEY(parallel, tensor, "tensor-parallel size"),
       GPT_KEY(parallel, pipeline, "pipeline-parallel size (stages)"),

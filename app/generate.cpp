@@ -5,6 +5,7 @@
 // which the training data puts before every document), followed by the prompt's ids; it stops at the
 // end-of-document id, after --max-new-tokens, or when it fills model.seq_length. Samples go to stdout,
 // the timing summary to stderr.
+#include "app/config_model.h"
 #include "app/generate.h"
 
 #include <mpi.h>
@@ -209,7 +210,7 @@ int generate_main(const GenerateOptions& o) {
   LayerContext ctx{*backend, *ps.tp, false};
 
   // Candidates: ids the model knows and the tokenizer can decode; padding columns never win.
-  const int64_t padded = trainer->spec().padded_vocab;
+  const int64_t padded = trainer->spec().padded_vocab();
   const int64_t candidates = std::min<int64_t>(cfg.model.vocab_size, tok->vocab_size());
   const int64_t capacity = std::min<int64_t>(cfg.model.seq_length, static_cast<int64_t>(context.size()) + o.max_new_tokens);
   std::vector<float> logits(padded);

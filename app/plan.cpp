@@ -1,5 +1,6 @@
 // `gpt-train plan` (see app/plan.h): hardware files, the printed and JSON rankings, the trainer's start-up
 // checks and the CPU probe.
+#include "app/config_model.h"
 #include "app/plan.h"
 
 #include <omp.h>
@@ -174,7 +175,7 @@ std::optional<LayoutSpec> configured_layout(const Config& cfg, int devices) {
   try {
     GridLayout grid = grid_layout_from_config(cfg.parallel, devices);
     LayoutSpec l = layout_spec_from_config(cfg, grid);
-    validate_layout(model_dims_from_config(cfg), l);
+    validate_layout(model_description_from_config(cfg), l);
     return l;
   } catch (const std::exception&) {
     return std::nullopt;
@@ -186,7 +187,7 @@ bool same_layout(const LayoutSpec& a, const LayoutSpec& b) {
          a.recompute == b.recompute && a.distributed_optimizer == b.distributed_optimizer;
 }
 
-void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top) {
+void print_plan(const Plan& plan, const Config& cfg, const ModelDescription& m, int top) {
   const HardwareSpec& hw = plan.hardware;
   int64_t params = 0;
   for (int64_t n : chunk_parameter_counts(m, LayoutSpec{}, 0)) params += n;
@@ -249,7 +250,7 @@ void print_plan(const Plan& plan, const Config& cfg, const ModelDims& m, int top
 }
 
 // One JSON document on one line; numbers that are not finite are written as null.
-void print_json(const Plan& plan, const ModelDims& m, int64_t global_batch) {
+void print_json(const Plan& plan, const ModelDescription& m, int64_t global_batch) {
   nlohmann::ordered_json out;
   out["hardware"] = plan.hardware.name;
   out["devices"] = plan.options.devices;
@@ -441,7 +442,7 @@ std::string hardware_to_yaml(const HardwareSpec& hw) {
 
 std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayout& grid, const HardwareSpec& hw,
                                                int ranks_per_node, std::string* info) {
-  const ModelDims m = model_dims_from_config(cfg);
+  const ModelDescription m = model_description_from_config(cfg);
   LayoutSpec mine = layout_spec_from_config(cfg, grid);
   PlanOptions o = options_from(cfg, grid.world(), ranks_per_node);
   mine.overlaps = applicable_overlaps(o.overlaps, mine);
@@ -473,7 +474,7 @@ std::vector<std::string> layout_check_warnings(const Config& cfg, const GridLayo
 namespace {
 
 void layout_checks(const Config& cfg, const GridLayout& grid, int ranks_per_node) {
-  spdlog::info("{}", format_memory_estimate(model_dims_from_config(cfg), layout_spec_from_config(cfg, grid)));
+  spdlog::info("{}", format_memory_estimate(model_description_from_config(cfg), layout_spec_from_config(cfg, grid)));
   std::string hw_name = cfg.logging.hardware;
   if (hw_name.empty()) {
     if (cfg.backend != "cuda") {
@@ -608,7 +609,7 @@ int plan_main(const PlanCommandOptions& args) {
     o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
     o.materialized_attention = args.attention == "materialized";
     o.overlaps = parse_overlaps(args.overlap, cfg.backend);
-    const ModelDims m = model_dims_from_config(cfg);
+    const ModelDescription m = model_description_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
     if (!args.explain.empty()) {
       std::cout << explain_layout(plan, m, parse_layout_choice(args.explain));

@@ -58,7 +58,7 @@ LayoutChoice parse_layout_choice(const std::string& text) {
   return c;
 }
 
-std::string explain_layout(const Plan& plan, const ModelDims& m, const LayoutChoice& c) {
+std::string explain_layout(const Plan& plan, const ModelDescription& m, const LayoutChoice& c) {
   const std::string asked = choice_str(c);
   if (c.tp * c.pp * c.dp != plan.options.devices)
     throw std::invalid_argument(fmt::format("--explain {}: tensor x pipeline x data is {}, but the plan is for {} "

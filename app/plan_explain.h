@@ -20,6 +20,6 @@ LayoutChoice parse_layout_choice(const std::string& text);
 
 // The breakdown as text. Throws std::invalid_argument naming --explain when the choice does not multiply
 // to the plan's device count or breaks a rule (with the rule).
-std::string explain_layout(const Plan& plan, const ModelDims& model, const LayoutChoice& choice);
+std::string explain_layout(const Plan& plan, const ModelDescription& model, const LayoutChoice& choice);
 
 }  // namespace gpt

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "app/config_model.h"
 #include "app/flops.h"
 #include "app/logging.h"
 #include "app/metrics.h"
@@ -22,31 +23,6 @@
 #include "parallel/pipeline_schedule.h"
 
 namespace gpt {
-
-DType dtype_from_name(const std::string& name) {
-  if (name == "fp32") return DType::F32;
-  if (name == "bf16") return DType::BF16;
-  if (name == "fp16") return DType::F16;
-  throw ConfigError("precision.dtype: unknown dtype '" + name + "'");
-}
-
-ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank) {
-  ModelSpec s;
-  s.num_layers = cfg.model.num_layers;
-  s.hidden = cfg.model.hidden_size;
-  s.heads = cfg.model.num_heads;
-  s.ffn = cfg.ffn_hidden();
-  s.seq_length = cfg.model.seq_length;
-  s.vocab_size = cfg.model.vocab_size;
-  s.padded_vocab = padded_vocab_size(cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, tp_size);
-  s.eps = static_cast<float>(cfg.model.layernorm_eps);
-  s.init_std = static_cast<float>(cfg.model.init_std);
-  s.tp_size = tp_size;
-  s.tp_rank = tp_rank;
-  s.dtype = dtype_from_name(cfg.precision.dtype);
-  s.recompute = parse_recompute(cfg.training.recompute);
-  return s;
-}
 
 Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
     : cfg_(cfg), ps_(ps), backend_(backend), spec_(model_spec_from_config(cfg, ps.tp_size(), ps.tp_rank())) {
@@ -65,7 +41,7 @@ Trainer::Trainer(const Config& cfg, ParallelState& ps, Backend& backend)
                                                        cfg.parallel.distributed_optimizer,
                                                        cfg.parallel.bucket_size_mb << 20,
                                                        cfg.parallel.overlap_grad_reduce);
-  step_sums_ = backend_.zeros({1 + num_global_params(spec_.num_layers)}, DType::F64);
+  step_sums_ = backend_.zeros({1 + num_global_params(spec_)}, DType::F64);
   if (spec_.dtype == DType::F16) scaler_ = LossScaler::dynamic_fp16();
   lr_ = LrSchedule{cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.optimizer.warmup_iters,
                    cfg.optimizer.decay_iters ? cfg.optimizer.decay_iters : cfg.training.train_iters,
@@ -283,7 +259,7 @@ void Trainer::log_interval(const StepStats& last) {
   it.grad_norm = last.grad_norm;
   it.tokens_per_s = double(cfg_.training.global_batch_size) * double(cfg_.model.seq_length) / sec;
   double flops = model_flops_per_iteration(cfg_.training.global_batch_size, cfg_.model.seq_length,
-                                           cfg_.model.num_layers, cfg_.model.hidden_size, spec_.padded_vocab);
+                                           cfg_.model.num_layers, cfg_.model.hidden_size, spec_.padded_vocab());
   it.tflops_per_device = flops / sec / 1e12 / ps_.layout.world();
   it.mfu = cfg_.logging.peak_tflops > 0 ? it.tflops_per_device / cfg_.logging.peak_tflops : -1;
   // Memory of the fullest rank (every rank takes part in this reduction at the same iterations).
@@ -344,7 +320,7 @@ std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_p
   // Each parameter's owner writes its shard into a zeroed global array; a world sum assembles it (x + 0
   // is exact). Owners: dp rank 0, tp rank 0 for replicated tensors, never the tied copy.
   std::vector<std::pair<std::string, std::vector<float>>> out;
-  std::vector<Parameter*> by_id(num_global_params(spec_.num_layers), nullptr);
+  std::vector<Parameter*> by_id(num_global_params(spec_), nullptr);
   for (ModelChunk* c : chunks())
     for (auto& p : c->params().params())
       if (!p->tied_copy) by_id[p->global_id] = p.get();

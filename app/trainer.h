@@ -117,14 +117,11 @@ class Trainer {
   } interval_;
 };
 
-ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank);
 // The tokenizer of the configured data (empty for synthetic data): name, hash, vocabulary and end-of-
 // document id from the shards; with data.vocab_file / data.merges_file set, their bytes by role (vocab,
 // merges, model) in *files, once checked to be the tokenizer the shards were made with. Throws
 // ConfigError naming the key otherwise.
 TokenizerRecord tokenizer_record_from_config(const Config& cfg, std::map<std::string, std::string>* files);
-// precision.dtype ("fp32", "bf16", "fp16") as a DType; ConfigError naming the key otherwise.
-DType dtype_from_name(const std::string& name);
 
 // The samples of a split: "train", "valid" or "test" of data.train (data.valid replaces "valid"), or
 // synthetic data when no shards are configured.

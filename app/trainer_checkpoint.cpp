@@ -29,8 +29,9 @@ CheckpointModel checkpoint_model(Trainer& t) {
   m.dtype = t.config().precision.dtype;
   m.virtual_pipeline = t.config().parallel.virtual_pipeline;
   m.vocab_size = t.spec().vocab_size;
-  m.padded_vocab = t.spec().padded_vocab;
+  m.padded_vocab = t.spec().padded_vocab();
   m.config_yaml = dump_config(t.config());
+  m.default_config_yaml = dump_config(Config{});
   m.save_optimizer_state = t.config().checkpoint.save_optimizer;
   m.tokenizer = t.tokenizer();
   m.tokenizer_files = t.tokenizer_files();

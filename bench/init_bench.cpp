@@ -15,6 +15,7 @@
 
 #include <omp.h>
 
+#include "app/config_model.h"
 #include "app/config.h"
 #include "app/trainer.h"
 #include "model/init.h"

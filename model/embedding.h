@@ -1,6 +1,6 @@
 // GPT input embedding: vocab-parallel token embedding (rows of the padded vocabulary split over the
-// tensor-parallel group; each rank looks up the ids it holds and the partial results are summed) plus a
-// learned position embedding replicated on every rank.
+// tensor-parallel group; each rank looks up the ids it holds and the partial results are summed) plus,
+// with learned absolute positions, a position embedding replicated on every rank.
 #pragma once
 #include "model/parameter.h"
 #include "model/tp_mappings.h"
@@ -9,6 +9,7 @@ namespace gpt {
 
 struct EmbeddingSpec {
   int64_t padded_vocab = 0, hidden = 0, seq_length = 0;
+  bool positions = true;  // a learned position table (false: positions are encoded in the blocks, rope)
   float init_std = 0.02f;
   int tp_size = 1, tp_rank = 0;
 };
@@ -27,7 +28,8 @@ class GPTEmbedding {
 
  private:
   Parameter* word_;
-  Parameter* position_;
+  Parameter* position_ = nullptr;
+  int64_t seq_length_;
   int64_t vocab_start_;
 };
 

@@ -1,5 +1,5 @@
-// Model chunks: construction in canonical parameter order, tied LM head, and per-microbatch
-// forward/backward through embedding, blocks, final layernorm and loss.
+// Model chunks: construction in canonical parameter order, the tied or untied LM head, and per-microbatch
+// forward/backward through embedding, blocks, final norm and loss.
 #include "model/gpt_model.h"
 
 #include <cmath>
@@ -9,19 +9,24 @@
 namespace gpt {
 
 namespace {
-constexpr int64_t kParamsPerBlock = 12;  // ln1 (2), qkv (2), proj (2), ln2 (2), fc1 (2), fc2 (2)
+// Canonical (layout-independent) parameter ids: the embedding's tensors, then each block's in
+// registration order, then the final norm's, then the untied output layer.
+int64_t embedding_param_count(const ModelDescription& m) { return m.has_position_table() ? 2 : 1; }
+int64_t norm_param_count(const ModelDescription& m) { return m.has_norm_bias() ? 2 : 1; }
+int64_t block_param_count(const ModelDescription& m) {
+  return 2 * norm_param_count(m) + 4 * (m.add_bias_linear ? 2 : 1);  // ln1, qkv, proj, ln2, fc1, fc2
 }
-
-int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp) {
-  int64_t m = divisible_by * tp;
-  return (vocab + m - 1) / m * m;
+int64_t final_norm_first_id(const ModelDescription& m) {
+  return embedding_param_count(m) + block_param_count(m) * m.num_layers;
 }
+}  // namespace
 
-int64_t num_global_params(int64_t num_layers) { return 2 + kParamsPerBlock * num_layers + 2; }
+int64_t num_global_params(const ModelDescription& m) {
+  return final_norm_first_id(m) + norm_param_count(m) + (m.untie_embeddings ? 1 : 0);
+}
 
 ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_end, bool first, bool last)
     : spec_(s), layer_begin_(layer_begin) {
-  // Canonical ids: word embedding 0, positions 1, block l's k-th tensor 2 + 12 l + k, final ln after.
   auto assign_ids = [&](size_t from, int64_t first_id) {
     auto& ps = params_.params();
     for (size_t i = from; i < ps.size(); ++i) ps[i]->global_id = first_id + int64_t(i - from);
@@ -31,30 +36,38 @@ ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_en
     for (size_t i = from; i < params_.params().size(); ++i) out.push_back(params_.params()[i].get());
     return out;
   };
+  const ShardSpec vocab_shard{0, 1, s.tp_size, s.tp_rank};
   if (first) {
-    embedding_.emplace(params_, EmbeddingSpec{s.padded_vocab, s.hidden, s.seq_length, s.init_std, s.tp_size, s.tp_rank});
+    embedding_.emplace(params_, EmbeddingSpec{s.padded_vocab(), s.hidden, s.seq_length, s.has_position_table(),
+                                              s.init_std, s.tp_size, s.tp_rank});
     assign_ids(0, 0);
+    embedding_->word()->tied = !s.untie_embeddings;
     embedding_params_ = registered_since(0);
   }
-  BlockSpec bs{s.hidden, s.heads, s.ffn, s.eps, s.init_std,
-               static_cast<float>(s.init_std / std::sqrt(2.0 * s.num_layers)), s.tp_size, s.tp_rank};
+  const BlockSpec bs{s, s.tp_size, s.tp_rank};
   for (int64_t l = layer_begin; l < layer_end; ++l) {
     size_t before = params_.params().size();
     blocks_.push_back(std::make_unique<TransformerBlock>(params_, "layers." + std::to_string(l), bs));
-    assign_ids(before, 2 + kParamsPerBlock * l);
+    assign_ids(before, embedding_param_count(s) + block_param_count(s) * l);
     block_params_.push_back(registered_since(before));
   }
   if (last) {
     size_t before = params_.params().size();
-    final_ln_.emplace(params_, "final_ln", s.hidden, s.eps);
-    assign_ids(before, 2 + kParamsPerBlock * s.num_layers);
-    if (first) {
+    final_ln_.emplace(params_, "final_ln", s.hidden, s.eps, s.normalization);
+    assign_ids(before, final_norm_first_id(s));
+    if (s.untie_embeddings) {
+      // Megatron's untied output layer: its own weight, on the last stage only, with no embedding group.
+      head_weight_ = &params_.add("output_layer.weight", {s.padded_vocab(), s.hidden}, vocab_shard, true, false);
+      head_weight_->init = {true, s.init_std, 0.f};
+      head_weight_->global_id = final_norm_first_id(s) + norm_param_count(s);
+    } else if (first) {
       head_weight_ = embedding_->word();
     } else {
-      head_weight_ = &params_.add("embedding.word_embeddings.weight", {s.padded_vocab, s.hidden},
-                                  ShardSpec{0, 1, s.tp_size, s.tp_rank}, true, false);
+      head_weight_ = &params_.add("embedding.word_embeddings.weight", {s.padded_vocab(), s.hidden}, vocab_shard,
+                                  true, false);
       head_weight_->init = {true, s.init_std, 0.f};
       head_weight_->tied_copy = true;
+      head_weight_->tied = true;
       head_weight_->global_id = 0;
     }
     final_params_ = registered_since(before);
@@ -65,9 +78,9 @@ void ModelChunk::allocate_and_init(Backend& backend, uint64_t seed, int64_t pad_
   params_.allocate(backend, spec_.dtype, pad_multiple);
   for (auto& p : params_.params()) init_parameter(backend, *p, seed);
   if (head_weight_) {
-    int64_t vocab_start = spec_.tp_rank * (spec_.padded_vocab / spec_.tp_size);
+    int64_t vocab_start = spec_.tp_rank * (spec_.padded_vocab() / spec_.tp_size);
     Tensor grad = head_weight_->grad;
-    if (is_first()) {
+    if (is_first() && head_weight_ == embedding_->word()) {
       head_grad_ = backend.zeros(head_weight_->grad.shape());
       grad = head_grad_;
     }
@@ -146,7 +159,7 @@ Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Te
   x = run_blocks(ctx, b, x, nullptr);
   if (!is_last()) return x;
   Tensor normed;
-  LayerNorm::Cache stats;
+  Norm::Cache stats;
   final_ln_->forward(ctx, x, normed, stats);
   if (!loss_sum) throw std::invalid_argument("ModelChunk::eval_forward: the last chunk needs a loss accumulator");
   head_->forward(ctx, normed, b.targets, *loss_sum);
@@ -168,7 +181,7 @@ ModelChunk::KvCache ModelChunk::make_kv_cache(Backend& backend, int64_t capacity
   KvCache cache;
   cache.capacity = capacity;
   for (size_t i = 0; i < blocks_.size(); ++i)
-    cache.blocks.push_back(backend.empty({capacity, 3 * spec_.hidden / spec_.tp_size}, spec_.dtype));
+    cache.blocks.push_back(backend.empty({capacity, spec_.qkv_width() / spec_.tp_size}, spec_.dtype));
   return cache;
 }
 
@@ -190,7 +203,7 @@ Tensor ModelChunk::decode(LayerContext& ctx, const Tensor& tokens, KvCache& cach
   }
   cache.length += n;
   Tensor normed;
-  LayerNorm::Cache stats;
+  Norm::Cache stats;
   final_ln_->forward(ctx, x.rows(n - 1, n), normed, stats);
   return head_->logits(ctx, normed);
 }
@@ -201,7 +214,7 @@ Tensor ModelChunk::logits(LayerContext& ctx, const Microbatch& b) {
   embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
   x = run_blocks(ctx, b, x, nullptr);
   Tensor normed;
-  LayerNorm::Cache stats;
+  Norm::Cache stats;
   final_ln_->forward(ctx, x, normed, stats);
   return head_->logits(ctx, normed);
 }

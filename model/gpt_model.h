@@ -1,6 +1,6 @@
 // The GPT model as this rank sees it: one ModelChunk per virtual pipeline stage it owns, each holding a
 // contiguous range of transformer blocks, plus the embedding on the first virtual stage and the final
-// layernorm, tied LM head and loss on the last. Chunks keep one activation cache per microbatch in
+// norm, LM head (tied to the word embedding, or an untied output layer) and loss on the last. Chunks keep one activation cache per microbatch in
 // flight, so any pipeline schedule can drive them through forward(mb) / backward(mb).
 #pragma once
 #include <functional>
@@ -10,27 +10,28 @@
 #include <vector>
 
 #include "model/embedding.h"
-#include "model/layernorm.h"
+#include "model/norm.h"
 #include "model/lm_head.h"
+#include "model/model_description.h"
 #include "model/transformer_block.h"
 
 namespace gpt {
 
-struct ModelSpec {
-  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq_length = 0;
-  int64_t vocab_size = 0;    // real vocabulary
-  int64_t padded_vocab = 0;  // multiple of divisible_by * tp
-  float eps = 1e-5f;
-  float init_std = 0.02f;
+// The model this rank builds: the architecture (one ModelDescription, shared with the planner and the
+// config) plus how this rank runs it.
+struct ModelSpec : ModelDescription {
   int tp_size = 1, tp_rank = 0;
   DType dtype = DType::F32;
   Recompute recompute = Recompute::None;
+  // The run's padded vocabulary, a multiple of vocab_divisible_by * the run's tensor-parallel size; kept
+  // when a copy describes the whole model on one rank (checkpoint shapes). 0: derive it from tp_size.
+  int64_t padded_vocab_rows = 0;
+  using ModelDescription::padded_vocab;
+  int64_t padded_vocab() const { return padded_vocab_rows ? padded_vocab_rows : padded_vocab(tp_size); }
 };
 
-// Megatron's padding: the smallest multiple of divisible_by * tp that holds the vocabulary.
-int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp);
-// Number of parameter tensors of the global model (each tied tensor counted once).
-int64_t num_global_params(int64_t num_layers);
+// Number of parameter tensors of the global model (a tied tensor counted once).
+int64_t num_global_params(const ModelDescription& model);
 
 // One microbatch's inputs: I32 [B*T] token ids and targets, on the backend's device.
 struct Microbatch {
@@ -83,7 +84,7 @@ class ModelChunk {
   Tensor logits(LayerContext& ctx, const Microbatch& batch);
 
   // Pipeline size 1 keeps the head's gradient of the tied embedding in its own buffer; this adds it into
-  // the embedding's gradient (the same sum a pipeline does over the embedding group).
+  // the embedding's gradient (the same sum a pipeline does over the embedding group). Untied: nothing.
   void reduce_tied_gradient_locally(Backend& backend);
   int64_t hidden() const { return spec_.hidden; }
   DType activation_dtype() const { return spec_.dtype; }
@@ -93,7 +94,7 @@ class ModelChunk {
   struct Cache {
     std::vector<BlockCache> blocks;
     Tensor final_in;    // input of the final layernorm
-    LayerNorm::Cache final_stats;
+    Norm::Cache final_stats;
     Tensor head_dx;     // gradient wrt the final layernorm's output, computed in forward
   };
   Tensor run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache);
@@ -103,8 +104,8 @@ class ModelChunk {
   ParameterSet params_;
   std::optional<GPTEmbedding> embedding_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
-  std::optional<LayerNorm> final_ln_;
-  Parameter* head_weight_ = nullptr;  // the word embedding (same chunk) or its tied copy
+  std::optional<Norm> final_ln_;
+  Parameter* head_weight_ = nullptr;  // the word embedding (same chunk), its tied copy, or the output layer
   std::unique_ptr<LMHeadLoss> head_;
   Tensor head_grad_;  // separate head gradient when the embedding lives in this chunk
   // The parameters of each part, in the groups backward() hands to GradsDone.

@@ -3,9 +3,12 @@
 // Column-parallel: the weight [out, in] is split along `out`; each rank computes its slice of the output
 // from the full input. Row-parallel: the weight is split along `in`; each rank multiplies its slice of
 // the input into a partial output that exit_tp_region sums; the bias is added once, on tp rank 0, before
-// the sum. `blocks` > 1 splits a fused weight (q|k|v) so that each rank gets its piece of every block.
+// the sum. `blocks` > 1 splits a fused weight (q|k|v, or SwiGLU's gate|up) so that each rank gets its piece
+// of every block; `block_weights` sizes unequal blocks (grouped-query attention's q|k|v). Without `bias`
+// (Megatron's --disable-bias-linear) the layer has no bias parameter.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "model/parameter.h"
 #include "model/tp_mappings.h"
@@ -15,6 +18,8 @@ namespace gpt {
 struct LinearSpec {
   int64_t in = 0, out = 0;
   int blocks = 1;
+  std::vector<int64_t> block_weights;  // empty: equal blocks
+  bool bias = true;
   float init_std = 0.02f;
   int tp_size = 1, tp_rank = 0;
 };
@@ -30,7 +35,7 @@ class ColumnParallelLinear {
 
  private:
   Parameter* weight_;
-  Parameter* bias_;
+  Parameter* bias_ = nullptr;
   int64_t out_local_;
 };
 
@@ -44,7 +49,7 @@ class RowParallelLinear {
 
  private:
   Parameter* weight_;
-  Parameter* bias_;
+  Parameter* bias_ = nullptr;
   bool adds_bias_;
 };
 

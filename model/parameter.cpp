@@ -1,6 +1,7 @@
 // ShardSpec index arithmetic, flat gradient buffers and counter-based parameter initialisation.
 #include "model/parameter.h"
 
+#include <climits>
 #include <memory>
 #include <stdexcept>
 
@@ -8,13 +9,46 @@
 
 namespace gpt {
 
+int64_t ShardSpec::weight_sum() const {
+  if (block_weights.empty()) return blocks;
+  int64_t sum = 0;
+  for (int64_t w : block_weights) sum += w;
+  return sum;
+}
+
+std::vector<int64_t> ShardSpec::to_ints() const {
+  std::vector<int64_t> v{dim, blocks, parts, part};
+  v.insert(v.end(), block_weights.begin(), block_weights.end());
+  return v;
+}
+
+ShardSpec ShardSpec::from_ints(const std::vector<int64_t>& v) {
+  auto fits = [](int64_t x) { return x >= 0 && x <= INT32_MAX; };
+  if (v.size() < 4 || v[0] < -1 || !fits(v[0] + 1) || v[1] < 1 || !fits(v[1]) || v[2] < 1 || !fits(v[2]) ||
+      v[3] < 0 || v[3] >= v[2])
+    throw std::invalid_argument("not a valid [dim, blocks, parts, part(, block weights)]");
+  ShardSpec s{static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2]), static_cast<int>(v[3])};
+  if (v.size() == 4) return s;
+  if (v.size() != 4 + static_cast<size_t>(s.blocks))
+    throw std::invalid_argument("has " + std::to_string(v.size() - 4) + " block weights for " +
+                                std::to_string(s.blocks) + " blocks");
+  for (size_t i = 4; i < v.size(); ++i) {
+    if (v[i] < 1 || v[i] > INT32_MAX) throw std::invalid_argument("has a block weight that is not positive");
+    s.block_weights.push_back(v[i]);
+  }
+  return s;
+}
+
 Shape ShardSpec::local_shape(const Shape& global) const {
   if (dim < 0) return global;
+  if (!block_weights.empty() && static_cast<int>(block_weights.size()) != blocks)
+    throw std::invalid_argument("ShardSpec: " + std::to_string(block_weights.size()) + " block weights for " +
+                                std::to_string(blocks) + " blocks");
   Shape s = global;
-  if (s.at(dim) % (int64_t(blocks) * parts) != 0)
+  if (s.at(dim) % (weight_sum() * parts) != 0)
     throw std::invalid_argument("ShardSpec: dimension " + std::to_string(dim) + " of " + shape_str(global) +
-                                " does not split into " + std::to_string(blocks) + " blocks x " +
-                                std::to_string(parts) + " parts");
+                                " does not split into " + std::to_string(blocks) + " blocks (" +
+                                std::to_string(weight_sum()) + " units) x " + std::to_string(parts) + " parts");
   s[dim] /= parts;
   return s;
 }
@@ -29,9 +63,30 @@ ShardIndexMap::ShardIndexMap(const ShardSpec& shard, const Shape& global) : whol
   for (size_t d = shard.dim + 1; d < ls.size(); ++d) inner_ *= ls[d];
   local_dim_ = ls[shard.dim];
   global_dim_ = global[shard.dim];
-  block_local_ = local_dim_ / shard.blocks;
-  block_global_ = global_dim_ / shard.blocks;
-  part_offset_ = int64_t(shard.part) * block_local_;
+  const int64_t unit_local = local_dim_ / shard.weight_sum(), unit_global = global_dim_ / shard.weight_sum();
+  int64_t l = 0, g = 0;
+  for (int b = 0; b < shard.blocks; ++b) {
+    const int64_t w = shard.block_weight(b);
+    local_start_.push_back(l);
+    global_start_.push_back(g);
+    part_offset_.push_back(int64_t(shard.part) * w * unit_local);
+    l += w * unit_local;
+    g += w * unit_global;
+  }
+  local_start_.push_back(l);
+  if (shard.block_weights.empty()) equal_block_local_ = unit_local;
+}
+
+int ShardIndexMap::block_of(int64_t coord) const {
+  if (equal_block_local_ > 0) return static_cast<int>(coord / equal_block_local_);
+  int b = 0;
+  while (coord >= local_start_[b + 1]) ++b;
+  return b;
+}
+
+int64_t ShardIndexMap::block_end(int64_t coord) const {
+  if (whole_) return local_dim_;
+  return local_start_[block_of(coord) + 1];
 }
 
 int64_t ShardIndexMap::operator()(int64_t local) const {
@@ -40,7 +95,8 @@ int64_t ShardIndexMap::operator()(int64_t local) const {
   const int64_t inner_i = local % inner_;
   const int64_t coord = (local / inner_) % local_dim_;
   const int64_t outer = local / (inner_ * local_dim_);
-  const int64_t g = (coord / block_local_) * block_global_ + part_offset_ + coord % block_local_;
+  const int b = block_of(coord);
+  const int64_t g = global_start_[b] + part_offset_[b] + (coord - local_start_[b]);
   return (outer * global_dim_ + g) * inner_ + inner_i;
 }
 

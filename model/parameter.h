@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/ops/backend.h"
@@ -13,14 +14,26 @@
 namespace gpt {
 
 // Which slice of the global tensor a rank holds. dim < 0: the full tensor (replicated).
-// Otherwise dimension `dim` is cut into `blocks` equal blocks (e.g. 3 for a fused q|k|v weight) and each
-// block into `parts` equal pieces; this rank holds piece `part` of every block, concatenated.
+// Otherwise dimension `dim` is cut into `blocks` blocks (e.g. 3 for a fused q|k|v weight) and each block
+// into `parts` equal pieces; this rank holds piece `part` of every block, concatenated. The blocks are
+// equal, or with `block_weights` (one per block) sized in those proportions: grouped-query attention's
+// q|k|v is heads : groups : groups.
 struct ShardSpec {
+  ShardSpec() = default;
+  ShardSpec(int dim, int blocks, int parts, int part, std::vector<int64_t> block_weights = {})
+      : dim(dim), blocks(blocks), parts(parts), part(part), block_weights(std::move(block_weights)) {}
   int dim = -1;
   int blocks = 1;
   int parts = 1;
   int part = 0;
+  std::vector<int64_t> block_weights;  // empty: equal blocks
 
+  int64_t weight_sum() const;
+  int64_t block_weight(int b) const { return block_weights.empty() ? 1 : block_weights[b]; }
+  // [dim, blocks, parts, part] followed by the block weights when they are not equal: the form stored in
+  // checkpoints. from_ints() reads it back; it throws std::invalid_argument when the list is malformed.
+  std::vector<int64_t> to_ints() const;
+  static ShardSpec from_ints(const std::vector<int64_t>& v);
   Shape local_shape(const Shape& global) const;
   // Flat global index of the local element with flat index `local`.
   int64_t global_index(const Shape& global, int64_t local) const;
@@ -31,10 +44,18 @@ class ShardIndexMap {
  public:
   ShardIndexMap(const ShardSpec& shard, const Shape& global);
   int64_t operator()(int64_t local) const;
+  // The local coordinate along the sharded dimension where the block holding `coord` ends.
+  int64_t block_end(int64_t coord) const;
+  int64_t inner() const { return inner_; }
+  int64_t local_dim() const { return local_dim_; }
 
  private:
+  int block_of(int64_t coord) const;
   bool whole_ = true;
-  int64_t inner_ = 1, local_dim_ = 1, global_dim_ = 1, block_local_ = 1, block_global_ = 1, part_offset_ = 0;
+  int64_t inner_ = 1, local_dim_ = 1, global_dim_ = 1;
+  // Per block: first local and global coordinate along `dim`, and this rank's offset inside the block.
+  std::vector<int64_t> local_start_, global_start_, part_offset_;
+  int64_t equal_block_local_ = 0;  // > 0: equal blocks of this local size
 };
 
 // How to initialise one parameter: normal(0, std) or a constant.
@@ -55,6 +76,9 @@ struct Parameter {
   // A second copy of a tied tensor (the LM head's word embedding on the last pipeline stage): its
   // gradient is summed with the original's, and it is counted once in norms and checkpoints.
   bool tied_copy = false;
+  // The word embedding or its tied copy, when the LM head is tied to it: their gradients are summed (over
+  // the embedding group across pipeline stages) before use. False for an untied model's embedding.
+  bool tied = false;
   // Under sequence parallelism each tp rank computes this replicated tensor's gradient from its own rows
   // only (layernorm), so the gradients are summed over tp before use.
   bool sequence_parallel_grad = false;

@@ -1,21 +1,27 @@
-// One pre-LN GPT transformer block with tensor parallelism:
-//   h   = x + proj(attention(qkv(ln1(x))))       qkv column-parallel (heads split over tp), proj row-parallel
-//   out = h + fc2(gelu(fc1(ln2(h))))              fc1 column-parallel, fc2 row-parallel
+// One pre-norm GPT transformer block with tensor parallelism:
+//   h   = x + proj(attention(rope(qkv(ln1(x)))))  qkv column-parallel (heads and query groups split over tp),
+//                                                 proj row-parallel; rope only with rotary positions
+//   out = h + fc2(act(fc1(ln2(h))))                fc1 column-parallel, fc2 row-parallel
+// The architecture's choices are components picked once at construction from the ModelDescription: the
+// norm (LayerNorm | RMSNorm, model/norm.h), the rotary position encoding (model/rotary.h), the MLP
+// activation (GELU | SwiGLU, model/mlp_activation.h), the query groups (the width of qkv) and the biases.
 // forward() keeps what backward() needs in a BlockCache owned by the caller (one per microbatch in
 // flight, so pipeline schedules can hold several).
 #pragma once
 #include <string>
 
-#include "model/layernorm.h"
+#include <optional>
+
+#include "model/mlp_activation.h"
+#include "model/model_description.h"
+#include "model/norm.h"
+#include "model/rotary.h"
 #include "model/parallel_linear.h"
 
 namespace gpt {
 
 struct BlockSpec {
-  int64_t hidden = 0, heads = 0, ffn = 0;
-  float eps = 1e-5f;
-  float init_std = 0.02f;
-  float output_init_std = 0.02f;  // init_std / sqrt(2 * num_layers) for proj and fc2
+  ModelDescription model;
   int tp_size = 1, tp_rank = 0;
 };
 
@@ -25,9 +31,9 @@ struct BlockCache {
   Tensor input;               // x
   Tensor ln1_full, ln2_full;  // layernorm outputs as the column-parallel linears saw them
   Tensor ln1, h, ln2;
-  Tensor qkv, att, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice
+  Tensor qkv, att, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice (qkv after rope)
   Tensor lse;                 // attention's per-row softmax statistics [B, local heads, T] fp32
-  LayerNorm::Cache ln1_stats, ln2_stats;
+  Norm::Cache ln1_stats, ln2_stats;
 };
 
 // Activation recomputation. The attention core never keeps its [B, H, T, T] softmax: its backward always
@@ -39,7 +45,8 @@ enum class Recompute { None, Selective, Full };
 Recompute parse_recompute(const std::string& name);
 
 // One decoding step against a key/value cache (generation, one sequence): `cache` [capacity, 3*H*D]
-// holds the packed qkv rows of positions 0..past-1 (their q slots unused); the step writes its own rows
+// holds the packed qkv rows (keys already rotated under rope) of positions 0..past-1 (their q slots
+// unused); the step writes its own rows
 // at past.. and its queries attend to every position up to their own.
 struct KvStep {
   Tensor cache;
@@ -61,12 +68,14 @@ class TransformerBlock {
 
  private:
   BlockSpec spec_;
-  int64_t local_heads_;
+  int64_t local_heads_, local_groups_, head_dim_;
+  std::optional<RotaryEmbedding> rope_;
+  MlpActivation activation_;
   // Declared in forward order: parameters register (and lay out their gradients) in this order.
-  LayerNorm ln1_;
+  Norm ln1_;
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
-  LayerNorm ln2_;
+  Norm ln2_;
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
 };

@@ -279,7 +279,7 @@ CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const C
 }
 
 void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m) {
-  std::vector<std::string> problems = model_config_differences(meta.config_yaml, m.config_yaml);
+  std::vector<std::string> problems = model_config_differences(meta.config_yaml, m.config_yaml, m.default_config_yaml);
   for (const auto& [name, shape] : m.global_shapes) {
     auto it = meta.tensors.find(name);
     if (it == meta.tensors.end())

@@ -36,6 +36,7 @@ struct CheckpointModel {
   int64_t virtual_pipeline = 1;
   int64_t vocab_size = 0, padded_vocab = 0;
   std::string config_yaml;             // dump_config() of this run
+  std::string default_config_yaml;     // dump_config() of a default config: model keys older checkpoints lack
   // The run's tokenizer (empty for synthetic data) and its files' bytes by role (vocab, merges, model),
   // which rank 0 writes into the checkpoint's tokenizer/ directory; the record's `files` is filled then.
   TokenizerRecord tokenizer;

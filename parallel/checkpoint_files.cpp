@@ -138,7 +138,7 @@ void ShardFileWriter::write(const std::string& kind, const std::string& name, co
     }
   }
   write_int_attr(ds.get(), "global_shape", global, w.path);
-  write_int_attr(ds.get(), "shard", {shard.dim, shard.blocks, shard.parts, shard.part}, w.path);
+  write_int_attr(ds.get(), "shard", shard.to_ints(), w.path);
   write_int_attr(ds.get(), "range", {begin, end}, w.path);
   write_int_attr(ds.get(), "crc32", {piece.crc32}, w.path);
   h5::close(ds, w.path, "write dataset " + piece.dataset());

@@ -129,8 +129,10 @@ StoredFile stored_file_from_yaml(const std::string& text, const std::string& sou
 std::map<std::string, std::string> flatten_yaml(const std::string& text, const std::string& source);
 // The model.* keys whose values differ between the config a checkpoint was saved with and this run's, as
 // "model.hidden_size: checkpoint 32, this run 64" lines. The padding rule (make_vocab_size_divisible_by)
-// is not compared: the loader handles any padding.
-std::vector<std::string> model_config_differences(const std::string& saved_yaml, const std::string& current_yaml);
+// is not compared: the loader handles any padding. A model key one side lacks (a checkpoint saved before
+// the key existed) takes its value from `defaults_yaml` (the dump of a default config) when given there.
+std::vector<std::string> model_config_differences(const std::string& saved_yaml, const std::string& current_yaml,
+                                                  const std::string& defaults_yaml = {});
 // Every key (any section) whose value differs, in the same form; for the log when resuming.
 std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml);
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <fmt/format.h>
 
+#include "model/model_description.h"
 #include "parallel/checkpoint_format.h"
 
 namespace gpt {
@@ -25,17 +26,19 @@ std::vector<ElementRun> shard_runs(const Shape& global, const ShardSpec& shard, 
   }
   // Local elements with the same outer index and block are consecutive globally too: a segment is one
   // block's piece of the sharded dimension times everything inside it.
-  const Shape local = shard.local_shape(global);
-  int64_t inner = 1;
-  for (size_t d = shard.dim + 1; d < local.size(); ++d) inner *= local[d];
-  const int64_t segment = local[shard.dim] / shard.blocks * inner;
-  for (int64_t k = begin / segment; k * segment < end; ++k) {
-    const int64_t lo = std::max(begin, k * segment), hi = std::min(end, (k + 1) * segment);
-    const int64_t g = shard.global_index(global, lo);
+  // Local elements with the same outer index and block are consecutive globally too: a segment is one
+  // block's piece of the sharded dimension times everything inside it.
+  const ShardIndexMap map(shard, global);
+  const int64_t inner = map.inner(), slab = map.local_dim() * inner;
+  for (int64_t lo = begin; lo < end;) {
+    const int64_t outer = lo / slab, coord = (lo % slab) / inner;
+    const int64_t hi = std::min(end, outer * slab + map.block_end(coord) * inner);
+    const int64_t g = map(lo);
     if (!out.empty() && out.back().global + out.back().length == g)
       out.back().length += hi - lo;  // adjacent segments that happen to touch (one part, or whole rows)
     else
       out.push_back({g, lo, hi - lo});
+    lo = hi;
   }
   return out;
 }
@@ -100,8 +103,7 @@ void emit_file(YAML::Emitter& out, const StoredFile& f) {
       << YAML::BeginSeq;
   for (const StoredPiece& p : f.pieces) {
     out << YAML::Flow << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << p.kind << YAML::Key << "name"
-        << YAML::Value << p.name << YAML::Key << "shard" << YAML::Value << YAML::Flow << YAML::BeginSeq
-        << p.shard.dim << p.shard.blocks << p.shard.parts << p.shard.part << YAML::EndSeq << YAML::Key << "range"
+        << YAML::Value << p.name << YAML::Key << "shard" << YAML::Value << YAML::Flow << p.shard.to_ints() << YAML::Key << "range"
         << YAML::Value << YAML::Flow << YAML::BeginSeq << p.begin << p.end << YAML::EndSeq << YAML::Key << "dtype"
         << YAML::Value << stored_dtype_name(p.dtype) << YAML::Key << "crc32" << YAML::Value
         << fmt::format("{:08x}", p.crc32) << YAML::EndMap;
@@ -180,14 +182,14 @@ struct Reader {
         throw CheckpointError(source + ": " + pp + ".kind '" + p.kind + "' is not model, master, adam_m or adam_v");
       p.name = get<std::string>(pieces[i], "name", pp);
       Shape sh = shape(child(pieces[i], "shard", pp), pp + ".shard", -1);  // dim -1: not sharded
-      if (sh.size() != 4 || sh[1] < 1 || sh[2] < 1 || sh[3] < 0 || sh[3] >= sh[2] || sh[1] > INT32_MAX ||
-          sh[2] > INT32_MAX || sh[0] > INT32_MAX)
-        throw CheckpointError(source + ": key '" + pp + ".shard' is not a valid [dim, blocks, parts, part]");
+      try {
+        p.shard = ShardSpec::from_ints(sh);
+      } catch (const std::invalid_argument& e) {
+        throw CheckpointError(source + ": key '" + pp + ".shard' " + e.what());
+      }
       Shape range = shape(child(pieces[i], "range", pp), pp + ".range", 0);
       if (range.size() != 2 || range[0] >= range[1])
         throw CheckpointError(source + ": key '" + pp + ".range' is not a range [begin, end) with begin < end");
-      p.shard = ShardSpec{static_cast<int>(sh[0]), static_cast<int>(sh[1]), static_cast<int>(sh[2]),
-                          static_cast<int>(sh[3])};
       p.begin = range[0];
       p.end = range[1];
       p.dtype = stored_dtype_from_name(get<std::string>(pieces[i], "dtype", pp), source + ": " + pp);
@@ -400,15 +402,22 @@ std::map<std::string, std::string> flatten_yaml(const std::string& text, const s
 
 namespace {
 std::vector<std::string> differences(const std::string& saved_yaml, const std::string& current_yaml,
-                                     bool model_only) {
+                                     bool model_only, const std::string& defaults_yaml = {}) {
   auto saved = flatten_yaml(saved_yaml, "checkpoint config");
   auto current = flatten_yaml(current_yaml, "current config");
-  // ffn_hidden_size 0 means 4 x hidden: compare what the model is, not how it was spelled.
+  if (!defaults_yaml.empty()) {
+    const auto defaults = flatten_yaml(defaults_yaml, "default config");
+    for (auto* c : {&saved, &current})
+      for (const auto& [key, value] : defaults)
+        if (key.rfind("model.", 0) == 0 && !c->count(key)) (*c)[key] = value;
+  }
+  // ffn_hidden_size 0 means the default width: compare what the model is, not how it was spelled.
   for (auto* c : {&saved, &current}) {
     auto& m = *c;
     if (m.count("model.ffn_hidden_size") && m["model.ffn_hidden_size"] == "0" && m.count("model.hidden_size")) {
       try {
-        m["model.ffn_hidden_size"] = std::to_string(4 * std::stoll(m["model.hidden_size"]));
+        const bool swiglu = m.count("model.swiglu") && m["model.swiglu"] == "true";
+        m["model.ffn_hidden_size"] = std::to_string(default_ffn_width(std::stoll(m["model.hidden_size"]), swiglu));
       } catch (const std::exception&) {
       }
     }
@@ -432,8 +441,9 @@ std::vector<std::string> differences(const std::string& saved_yaml, const std::s
 }
 }  // namespace
 
-std::vector<std::string> model_config_differences(const std::string& saved_yaml, const std::string& current_yaml) {
-  return differences(saved_yaml, current_yaml, true);
+std::vector<std::string> model_config_differences(const std::string& saved_yaml, const std::string& current_yaml,
+                                                  const std::string& defaults_yaml) {
+  return differences(saved_yaml, current_yaml, true, defaults_yaml);
 }
 
 std::vector<std::string> config_differences(const std::string& saved_yaml, const std::string& current_yaml) {

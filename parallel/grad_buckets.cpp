@@ -10,7 +10,7 @@ namespace {
 
 // The word embedding (global id 0) and its tied copy are summed over the embedding group after the
 // pipeline, so they are never complete during the backward pass.
-bool complete_after_pipeline(const Parameter& p) { return p.global_id == 0; }
+bool complete_after_pipeline(const Parameter& p) { return p.tied; }
 
 // Buckets [first, last] that the parameter's elements fall in.
 std::pair<int64_t, int64_t> buckets_of(ParameterSet& set, const Parameter& p, int64_t bucket_elems) {

@@ -11,7 +11,7 @@ void reduce_tied_embedding(ParallelState& ps, Backend& backend, const std::vecto
   if (!ps.embedding) return;
   for (ModelChunk* c : chunks)
     for (auto& p : c->params().params())
-      if (p->global_id == 0) ps.embedding->all_reduce(p->grad);
+      if (p->tied) ps.embedding->all_reduce(p->grad);
 }
 
 void reduce_sequence_parallel_grads(ParallelState& ps, const std::vector<ModelChunk*>& chunks) {

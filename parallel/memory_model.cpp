@@ -8,7 +8,6 @@
 #include <map>
 #include <stdexcept>
 
-#include "app/config.h"
 #include "model/gpt_model.h"
 #include "model/param_count.h"
 #include "parallel/pipeline_schedule.h"
@@ -58,7 +57,7 @@ struct TensorSizes {
   }
 };
 
-TensorSizes tensor_sizes(const ModelDims& m, const LayoutSpec& l) {
+TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   TensorSizes s;
   const int64_t d = static_cast<int64_t>(dtype_size(l.dtype));
   const int64_t N = l.micro_batch * m.seq_length;
@@ -181,7 +180,6 @@ int64_t padded(int64_t n, int64_t multiple) { return (n + multiple - 1) / multip
 
 }  // namespace
 
-int64_t ModelDims::padded_vocab(int tp) const { return padded_vocab_size(vocab_size, vocab_divisible_by, tp); }
 
 const char* recompute_name(Recompute r) {
   switch (r) {
@@ -201,7 +199,7 @@ std::string LayoutSpec::str() const {
                      overlaps.any() ? " overlap=" + overlaps.str() : "");
 }
 
-void validate_layout(const ModelDims& m, const LayoutSpec& l) {
+void validate_layout(const ModelDescription& m, const LayoutSpec& l) {
   auto s = [](int64_t x) { return std::to_string(x); };
   require(l.tp >= 1 && l.pp >= 1 && l.vpp >= 1 && l.dp >= 1, "parallel degrees must be at least 1");
   require(m.heads % l.tp == 0, "num_heads (" + s(m.heads) + ") is not divisible by tensor (" + s(l.tp) + ")");
@@ -216,11 +214,10 @@ void validate_layout(const ModelDims& m, const LayoutSpec& l) {
   validate_schedule_args(l.pp, l.vpp, static_cast<int>(l.microbatches()));
 }
 
-std::vector<int64_t> chunk_parameter_counts(const ModelDims& m, const LayoutSpec& l, int pp_rank) {
+std::vector<int64_t> chunk_parameter_counts(const ModelDescription& m, const LayoutSpec& l, int pp_rank) {
   const int64_t V = m.padded_vocab(l.tp);
-  ParamBreakdown global = count_gpt_parameters(m.num_layers, m.hidden, m.ffn, m.seq_length, V);
-  // ln1, ln2 (weight + bias each) and the row-parallel biases of proj and fc2 are replicated over tp.
-  const int64_t replicated = 6 * m.hidden;
+  ParamBreakdown global = count_gpt_parameters(m, V);
+  const int64_t replicated = global.per_layer_replicated;
   const int64_t per_layer = (global.per_layer - replicated) / l.tp + replicated;
   std::vector<int64_t> counts;
   for (int c = 0; c < l.vpp; ++c) {
@@ -228,7 +225,9 @@ std::vector<int64_t> chunk_parameter_counts(const ModelDims& m, const LayoutSpec
     const bool first = pp_rank == 0 && c == 0, last = pp_rank == l.pp - 1 && c == l.vpp - 1;
     int64_t n = (end - begin) * per_layer;
     if (first) n += global.word_embedding / l.tp + global.position_embedding;
-    if (last) n += global.final_layernorm + (first ? 0 : global.word_embedding / l.tp);  // tied copy
+    // The last stage's LM head: the untied output layer, or the tied copy of the word embedding.
+    if (last) n += global.final_norm + (m.untie_embeddings ? global.output_layer / l.tp
+                                                           : (first ? 0 : global.word_embedding / l.tp));
     counts.push_back(n);
   }
   return counts;
@@ -248,7 +247,7 @@ std::vector<std::pair<PassKind, int>> schedule_passes(int p, int v, int m, int r
   return passes;
 }
 
-MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_rank, SendBuffers sends) {
+MemoryEstimate estimate_memory(const ModelDescription& m, const LayoutSpec& l, int pp_rank, SendBuffers sends) {
   validate_layout(m, l);
   require(pp_rank >= 0 && pp_rank < l.pp, "pipeline rank out of range");
   MemoryEstimate e;
@@ -326,7 +325,7 @@ MemoryEstimate estimate_memory(const ModelDims& m, const LayoutSpec& l, int pp_r
   return e;
 }
 
-MemoryEstimate estimate_peak_memory(const ModelDims& m, const LayoutSpec& l, SendBuffers sends) {
+MemoryEstimate estimate_peak_memory(const ModelDescription& m, const LayoutSpec& l, SendBuffers sends) {
   // Stage 0 holds the most microbatches in flight, stage 1 the most of the middle stages (which also keep
   // send buffers in both directions), the last stage the LM head.
   MemoryEstimate best;
@@ -339,37 +338,9 @@ MemoryEstimate estimate_peak_memory(const ModelDims& m, const LayoutSpec& l, Sen
   return best;
 }
 
-int64_t largest_forward_tensor(const ModelDims& m, const LayoutSpec& l) {
+int64_t largest_forward_tensor(const ModelDescription& m, const LayoutSpec& l) {
   const TensorSizes s = tensor_sizes(m, l);
   return std::max(s.logits, s.ffn);
-}
-
-ModelDims model_dims_from_config(const Config& cfg) {
-  ModelDims m;
-  m.num_layers = cfg.model.num_layers;
-  m.hidden = cfg.model.hidden_size;
-  m.heads = cfg.model.num_heads;
-  m.ffn = cfg.ffn_hidden();
-  m.seq_length = cfg.model.seq_length;
-  m.vocab_size = cfg.model.vocab_size;
-  m.vocab_divisible_by = cfg.model.make_vocab_size_divisible_by;
-  return m;
-}
-
-LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& grid) {
-  LayoutSpec l;
-  l.tp = grid.tp();
-  l.pp = grid.pp();
-  l.dp = grid.dp();
-  l.vpp = static_cast<int>(cfg.parallel.virtual_pipeline);
-  l.micro_batch = cfg.training.micro_batch_size;
-  l.global_batch = cfg.training.global_batch_size;
-  l.sequence_parallel = cfg.parallel.sequence_parallel;
-  l.distributed_optimizer = cfg.parallel.distributed_optimizer;
-  l.recompute = parse_recompute(cfg.training.recompute);
-  const std::string& dt = cfg.precision.dtype;
-  l.dtype = dt == "bf16" ? DType::BF16 : dt == "fp16" ? DType::F16 : DType::F32;
-  return l;
 }
 
 std::string format_bytes(int64_t bytes) {
@@ -379,7 +350,7 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{:.1f} KiB", b / 1024.0);
 }
 
-std::string format_memory_estimate(const ModelDims& m, const LayoutSpec& l) {
+std::string format_memory_estimate(const ModelDescription& m, const LayoutSpec& l) {
   std::map<int, MemoryEstimate> stages;
   for (int r : {0, l.pp - 1}) stages.emplace(r, estimate_memory(m, l, r));
   MemoryEstimate peak = estimate_peak_memory(m, l);

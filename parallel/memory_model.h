@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/model_description.h"
 #include "model/tensor.h"
 #include "model/transformer_block.h"
 #include "parallel/overlap.h"
@@ -40,13 +41,6 @@ namespace gpt {
 struct Config;
 class GridLayout;
 
-// The model shape as the memory and time models see it.
-struct ModelDims {
-  int64_t num_layers = 0, hidden = 0, heads = 0, ffn = 0, seq_length = 0;
-  int64_t vocab_size = 0;            // real vocabulary
-  int64_t vocab_divisible_by = 128;  // padded vocabulary = multiple of this * tp
-  int64_t padded_vocab(int tp) const;
-};
 
 // One way to run the model: the degrees of parallelism and the per-step settings that change memory or
 // time. The number of microbatches per step is global_batch / (micro_batch * dp).
@@ -101,32 +95,29 @@ struct MemoryEstimate {
 // Throws std::invalid_argument naming the rule when the layout cannot run this model (the same rules the
 // trainer enforces: divisibility of heads, hidden, ffn and layers, the batch split, the interleaved
 // schedule's constraints).
-void validate_layout(const ModelDims& model, const LayoutSpec& layout);
+void validate_layout(const ModelDescription& model, const LayoutSpec& layout);
 // The prediction for pipeline rank `pp_rank`, and for the rank that holds the most.
-MemoryEstimate estimate_memory(const ModelDims& model, const LayoutSpec& layout, int pp_rank,
+MemoryEstimate estimate_memory(const ModelDescription& model, const LayoutSpec& layout, int pp_rank,
                                SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
-MemoryEstimate estimate_peak_memory(const ModelDims& model, const LayoutSpec& layout,
+MemoryEstimate estimate_peak_memory(const ModelDescription& model, const LayoutSpec& layout,
                                     SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 // The largest single tensor a forward pass allocates: the fp32 logits [N, V/tp] or the attention
 // probabilities [B, heads/tp, T, T] of one microbatch. A lower bound for evaluation, which keeps nothing
 // for a backward pass.
-int64_t largest_forward_tensor(const ModelDims& model, const LayoutSpec& layout);
+int64_t largest_forward_tensor(const ModelDescription& model, const LayoutSpec& layout);
 
 // Parameters held by pipeline rank `pp_rank`, per model chunk, counting this rank's tensor-parallel
 // shards (replicated tensors in full) and the tied copy of the word embedding on the last stage.
-std::vector<int64_t> chunk_parameter_counts(const ModelDims& model, const LayoutSpec& layout, int pp_rank);
+std::vector<int64_t> chunk_parameter_counts(const ModelDescription& model, const LayoutSpec& layout, int pp_rank);
 
 // The (kind, local chunk) order of pipeline rank `rank`'s passes: the same order as
 // schedule(p, v, m, rank).actions, without building the table (the planner evaluates thousands of layouts).
 std::vector<std::pair<PassKind, int>> schedule_passes(int p, int v, int m, int rank);
 
-// From a loaded config and its grid layout.
-ModelDims model_dims_from_config(const Config& cfg);
-LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& layout);
 
 // "1.23 GiB", "45.60 MiB", "3.0 KiB".
 std::string format_bytes(int64_t bytes);
 // A few lines for the log: one per pipeline stage that differs (first, last), in GiB.
-std::string format_memory_estimate(const ModelDims& model, const LayoutSpec& layout);
+std::string format_memory_estimate(const ModelDescription& model, const LayoutSpec& layout);
 
 }  // namespace gpt

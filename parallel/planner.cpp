@@ -7,7 +7,7 @@
 
 namespace gpt {
 
-PlanEntry evaluate_layout(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw, SendBuffers sends) {
+PlanEntry evaluate_layout(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw, SendBuffers sends) {
   PlanEntry e;
   e.layout = l;
   e.memory = estimate_peak_memory(m, l, sends);
@@ -16,7 +16,7 @@ PlanEntry evaluate_layout(const ModelDims& m, const LayoutSpec& l, const Hardwar
   return e;
 }
 
-Plan make_plan(const ModelDims& m, int64_t global_batch, const HardwareSpec& hw_in, const PlanOptions& o) {
+Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSpec& hw_in, const PlanOptions& o) {
   if (o.devices < 1) throw std::invalid_argument("plan: the number of devices must be at least 1");
   Plan plan;
   plan.hardware = hw_in;

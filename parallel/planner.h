@@ -66,9 +66,9 @@ struct Plan {
 };
 
 // Enumerates and ranks every layout of `model` with this global batch on options.devices devices.
-Plan make_plan(const ModelDims& model, int64_t global_batch, const HardwareSpec& hw, const PlanOptions& options);
+Plan make_plan(const ModelDescription& model, int64_t global_batch, const HardwareSpec& hw, const PlanOptions& options);
 // Evaluates one layout (validate_layout must pass) on hardware with this many devices per node.
-PlanEntry evaluate_layout(const ModelDims& model, const LayoutSpec& layout, const HardwareSpec& hw,
+PlanEntry evaluate_layout(const ModelDescription& model, const LayoutSpec& layout, const HardwareSpec& hw,
                           SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 
 }  // namespace gpt

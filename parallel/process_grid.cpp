@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <climits>
 
-#include "app/config.h"
 #include "parallel/mpi_communicator.h"  // brings <mpi.h>
 
 namespace gpt {
@@ -152,15 +151,6 @@ std::string GridLayout::warning() const {
 std::string GridLayout::str() const {
   return "world " + std::to_string(world_) + " = tensor " + std::to_string(tp_) + " x pipeline " +
          std::to_string(pp_) + " x data " + std::to_string(dp_);
-}
-
-GridLayout grid_layout_from_config(const ParallelConfig& parallel, int world) {
-  auto narrow = [](const char* key, int64_t v) {
-    if (v < INT_MIN || v > INT_MAX) throw GridError(std::string(key) + " = " + std::to_string(v) + " is out of range");
-    return static_cast<int>(v);
-  };
-  return GridLayout(world, narrow("parallel.tensor", parallel.tensor), narrow("parallel.pipeline", parallel.pipeline),
-                    narrow("parallel.data", parallel.data));
 }
 
 // ---- communicators ----

@@ -92,8 +92,6 @@ class GridLayout {
   int world_ = 1, tp_ = 1, pp_ = 1, dp_ = 1;
 };
 
-// The layout a config asks for on `world` ranks (parallel.tensor, .pipeline, .data with 0 = derive).
-GridLayout grid_layout_from_config(const ParallelConfig& parallel, int world);
 
 // This rank's communicators and coordinates. Groups of one rank are SelfCommunicators (no MPI calls, and no
 // bytes counted for traffic that never happens). `embedding` is null on ranks outside every embedding

@@ -144,7 +144,7 @@ struct LayerCosts {
   }
 };
 
-LayerCosts layer_costs(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
+LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
   const double t = l.tp, b = static_cast<double>(l.micro_batch), s = static_cast<double>(m.seq_length);
   const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
   const double N = b * s;
@@ -216,7 +216,7 @@ struct EndCosts {
   double head_total = 0, head_tp = 0;  // final layernorm + LM head + loss, forward and backward
 };
 
-EndCosts end_costs(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
+EndCosts end_costs(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
   const double t = l.tp, N = static_cast<double>(l.micro_batch * m.seq_length), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.padded_vocab(l.tp));
   const bool sp = l.sequence_parallel && l.tp > 1;
@@ -256,7 +256,7 @@ struct StageDataParallel {
 
 }  // namespace
 
-double megatron_flops_per_step(const ModelDims& m, const LayoutSpec& l) {
+double megatron_flops_per_step(const ModelDescription& m, const LayoutSpec& l) {
   const double s = static_cast<double>(m.seq_length), h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
   const double layer_gemm = 2 * s * (4 * h * h + 2 * h * f), layer_attention = 4 * s * s * h;  // forward, per sample
   double passes_gemm = 3, passes_attention = 3;  // forward + backward (2x)
@@ -267,7 +267,7 @@ double megatron_flops_per_step(const ModelDims& m, const LayoutSpec& l) {
          (static_cast<double>(m.num_layers) * (passes_gemm * layer_gemm + passes_attention * layer_attention) + head);
 }
 
-double model_flops_per_step(const ModelDims& m, const LayoutSpec& l) {
+double model_flops_per_step(const ModelDescription& m, const LayoutSpec& l) {
   LayoutSpec plain = l;
   plain.recompute = Recompute::None;
   return megatron_flops_per_step(m, plain);
@@ -279,7 +279,7 @@ double pipeline_step_seconds(int64_t microbatches, int vpp, const std::vector<do
   return static_cast<double>(microbatches) * max + (sum - max) / vpp;
 }
 
-TimeEstimate estimate_time(const ModelDims& m, const LayoutSpec& l, const HardwareSpec& hw,
+TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw,
                            std::vector<CostLine>* details) {
   validate_layout(m, l);
   std::vector<std::string> why_not;

@@ -60,15 +60,15 @@ struct CostLine {
 };
 
 // `details`, when given, receives the full breakdown, always the same lines in the same order.
-TimeEstimate estimate_time(const ModelDims& model, const LayoutSpec& layout, const HardwareSpec& hw,
+TimeEstimate estimate_time(const ModelDescription& model, const LayoutSpec& layout, const HardwareSpec& hw,
                            std::vector<CostLine>* details = nullptr);
 // The pipeline part of a step: m microbatches through stages taking stage_seconds[r] per microbatch
 // (all of a stage's chunks), v chunks per stage: m * max + (sum - max) / v.
 double pipeline_step_seconds(int64_t microbatches, int vpp, const std::vector<double>& stage_seconds);
 // FLOPs of one step as Megatron's formula counts them (recomputed forwards included).
-double megatron_flops_per_step(const ModelDims& model, const LayoutSpec& layout);
+double megatron_flops_per_step(const ModelDescription& model, const LayoutSpec& layout);
 // The same without recomputation: the model FLOPs of Megatron-LM's num_floating_point_operations
 // (megatron/training/training.py), which its MFU and per-GPU throughput figures use.
-double model_flops_per_step(const ModelDims& model, const LayoutSpec& layout);
+double model_flops_per_step(const ModelDescription& model, const LayoutSpec& layout);
 
 }  // namespace gpt

@@ -100,6 +100,19 @@ TEST(CheckpointMeta, AttentionBackendIsNotPartOfTheModelMatch) {
   EXPECT_NE(diff[0].find("model.num_layers"), std::string::npos) << diff[0];
 }
 
+// A checkpoint saved before the model variant keys existed matches the default model, and only it.
+TEST(CheckpointMeta, ModelKeysAnOlderCheckpointLacksTakeTheirDefaults) {
+  const std::string saved = "model:\n  num_layers: 2\n  hidden_size: 64\n  ffn_hidden_size: 0\n";
+  const std::string defaults = "model:\n  normalization: LayerNorm\n  swiglu: false\n";
+  EXPECT_TRUE(model_config_differences(saved, saved + "  normalization: LayerNorm\n  swiglu: false\n", defaults).empty());
+  const auto diff = model_config_differences(saved, saved + "  normalization: RMSNorm\n  swiglu: false\n", defaults);
+  ASSERT_EQ(diff.size(), 1u);
+  EXPECT_NE(diff[0].find("model.normalization: checkpoint LayerNorm, this run RMSNorm"), std::string::npos) << diff[0];
+  // ffn_hidden_size 0 is compared as the width it stands for, which SwiGLU changes.
+  const auto swiglu = model_config_differences(saved + "  swiglu: true\n", "model:\n  num_layers: 2\n  hidden_size: 64\n  ffn_hidden_size: 128\n  swiglu: true\n", defaults);
+  EXPECT_TRUE(swiglu.empty()) << swiglu[0];
+}
+
 TEST(CheckpointMeta, YamlRoundTrip) {
   CheckpointMeta m;
   m.iteration = 42;

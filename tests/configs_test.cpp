@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "app/config_model.h"
 #include "app/config.h"
 #include "app/trainer.h"
 #include "model/gpt_model.h"
@@ -65,7 +66,7 @@ TEST(ParamCount, ClosedFormMatchesTheModelsOwnTensors) {
         {12, 768, 3072, 1024, 50304}}) {
     ModelSpec s;
     s.num_layers = layers, s.hidden = hidden, s.heads = 4, s.ffn = ffn, s.seq_length = seq;
-    s.vocab_size = s.padded_vocab = vocab;
+    s.vocab_size = vocab, s.vocab_divisible_by = 1;
     EXPECT_EQ(count_gpt_parameters(s).total(), registered_parameters(s)) << layers << "x" << hidden;
   }
   EXPECT_THROW(count_gpt_parameters(2, 0, 4, 4, 4), std::invalid_argument);
@@ -94,7 +95,7 @@ TEST(ShippedConfigs, Gpt2Small124M) {
   EXPECT_EQ(real.per_layer, 7087872);
   // What a run allocates: the vocabulary padded to 50304 rows.
   ModelSpec spec = model_spec_from_config(cfg, 1, 0);
-  EXPECT_EQ(spec.padded_vocab, 50304);
+  EXPECT_EQ(spec.padded_vocab(), 50304);
   EXPECT_EQ(count_gpt_parameters(spec).total(), 124475904);
   EXPECT_EQ(registered_parameters(spec), 124475904);
   expect_valid_layout(cfg, 8, 1, 1, 8, 4);
@@ -111,7 +112,7 @@ TEST(ShippedConfigs, Gpt2Xl1p3B) {
   EXPECT_EQ(n, 1313626112);
   EXPECT_NEAR(double(n) / 1.3e9, 1.0, 0.02);  // "1.3B"
   ModelSpec spec = model_spec_from_config(cfg, cfg.parallel.tensor, 0);
-  EXPECT_EQ(spec.padded_vocab, 50432);  // a multiple of 128 * tensor parallel 2
+  EXPECT_EQ(spec.padded_vocab(), 50432);  // a multiple of 128 * tensor parallel 2
   EXPECT_EQ(count_gpt_parameters(spec).total(), registered_parameters(spec));
   expect_valid_layout(cfg, 8, 2, 1, 4, 16);
 }
@@ -135,7 +136,7 @@ TEST(ShippedConfigs, Gpt3175B) {
   EXPECT_FALSE(cfg.checkpoint.dir.empty());  // requeued jobs resume from it
 
   ModelSpec spec = model_spec_from_config(cfg, 8, 0);
-  EXPECT_EQ(spec.padded_vocab, 51200);  // already a multiple of 128 * 8
+  EXPECT_EQ(spec.padded_vocab(), 51200);  // already a multiple of 128 * 8
   ParamBreakdown p = count_gpt_parameters(spec);
   EXPECT_EQ(p.total(), 174615846912);
   EXPECT_NEAR(double(p.total()) / 175e9, 1.0, 0.005);  // "175B"

@@ -581,7 +581,7 @@ ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, in
   s.ffn = 256;
   s.seq_length = 32;
   s.vocab_size = 100;
-  s.padded_vocab = 128;
+  s.vocab_divisible_by = 128;
   s.init_std = 0.2f;  // large enough that every path carries real gradient
   s.dtype = dt;
   SelfCommunicator tp("tp");
@@ -668,7 +668,7 @@ TEST_P(CudaModelVsCpu, KeyValueCachedDecodingMatches) {
   const DType dt = GetParam();
   ModelSpec s;
   s.num_layers = 2, s.hidden = 64, s.heads = 4, s.ffn = 256, s.seq_length = 48, s.vocab_size = 100;
-  s.padded_vocab = 128, s.init_std = 0.2f, s.dtype = dt;
+  s.vocab_divisible_by = 128, s.init_std = 0.2f, s.dtype = dt;
   SelfCommunicator tp("tp");
   ModelChunk c(s, 0, s.num_layers, true, true), g(s, 0, s.num_layers, true, true);
   c.allocate_and_init(*cpu, 5);
@@ -682,7 +682,7 @@ TEST_P(CudaModelVsCpu, KeyValueCachedDecodingMatches) {
     Tensor gi = gpu->empty({static_cast<int64_t>(next.size())}, DType::I32);
     cpu->upload_i32(next.data(), ci);
     gpu->upload_i32(next.data(), gi);
-    Vec cl(s.padded_vocab), gl(s.padded_vocab);
+    Vec cl(s.padded_vocab()), gl(s.padded_vocab());
     cpu->download(c.decode(cctx, ci, cc), cl.data());
     gpu->download(g.decode(gctx, gi, gc), gl.data());
     double scale = 0, err = 0;

@@ -28,7 +28,7 @@ ModelSpec decoder_spec(DType dtype) {
   s.ffn = 64;
   s.seq_length = 40;
   s.vocab_size = 29;
-  s.padded_vocab = 32;
+  s.vocab_divisible_by = 32;  // 32 rows
   s.init_std = 0.2f;  // large enough that the logits differ clearly between tokens
   s.dtype = dtype;
   return s;
@@ -60,7 +60,7 @@ struct Decoder {
     b.T = static_cast<int64_t>(context.size());
     b.tokens = ids(context);
     std::vector<float> all = host(chunk.logits(ctx, b));
-    return std::vector<float>(all.end() - spec.padded_vocab, all.end());
+    return std::vector<float>(all.end() - spec.padded_vocab(), all.end());
   }
 };
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "app/config_model.h"
 #include "app/config.h"
 #include "app/launch_env.h"
 #include "parallel/mpi_communicator.h"

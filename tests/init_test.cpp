@@ -39,7 +39,7 @@ TEST(ParameterInit, ParallelFillMatchesTheElementFormula) {
       s.ffn = 512;  // fc1 and fc2 shards of 32768 elements: filled in parallel
       s.seq_length = 16;
       s.vocab_size = 300;
-      s.padded_vocab = 512;
+      s.vocab_divisible_by = 256;  // padded to 512 rows at tp 2
       s.tp_size = 2;
       s.tp_rank = 1;  // column, row and fused-qkv shards as well as replicated tensors
       s.dtype = dtype;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "app/config_model.h"
 #include "app/trainer.h"
 #include "model/adamw.h"
 #include "parallel/data_parallel.h"
@@ -69,7 +70,7 @@ Measurement measure(const Config& cfg, ParallelState& ps) {
 // Runs cfg on `ps` and compares this rank's measurement with the model's prediction for its stage.
 void check(const Config& cfg, ParallelState& ps, const std::string& what) {
   Measurement got = measure(cfg, ps);
-  ModelDims dims = model_dims_from_config(cfg);
+  ModelDescription dims = model_description_from_config(cfg);
   LayoutSpec layout = layout_spec_from_config(cfg, ps.layout);
   MemoryEstimate e = estimate_memory(dims, layout, ps.pp_rank());
   // Static buffers: exact, except that dp ranks other than 0 may hold a slightly smaller optimizer shard
@@ -120,7 +121,7 @@ TEST(MemoryModel, ConfigMShapeSingleProcess) {
 TEST(MemoryModel, StaticBytesMatchParameterCounts) {
   // Parameters of the whole model = the sum over stages of each stage's share (tp = 1, no tied copy
   // counted twice except the last stage's, which is one word embedding).
-  ModelDims m{8, 64, 4, 256, 32, 500, 128};
+  ModelDescription m{8, 64, 4, 256, 32, 500, 128};
   LayoutSpec l;
   l.pp = 4;
   l.global_batch = 8;
@@ -150,7 +151,7 @@ TEST(MemoryModel, ReplaysTheScheduleTablesInOrder) {
 }
 
 TEST(MemoryModel, RejectsImpossibleLayouts) {
-  ModelDims m{6, 64, 4, 256, 32, 500, 128};
+  ModelDescription m{6, 64, 4, 256, 32, 500, 128};
   LayoutSpec l;
   l.global_batch = 8;
   l.pp = 4;  // 6 layers over 4 stages
@@ -214,7 +215,7 @@ void check_many_microbatches(const Case& k) {
   const GridLayout grid(k.tp * k.pp * k.dp, k.tp, k.pp, k.dp);
   auto predicted = [&](const Case& c, int stage) {
     const Config cfg = case_config(c);
-    return estimate_memory(model_dims_from_config(cfg), layout_spec_from_config(cfg, grid), stage).total();
+    return estimate_memory(model_description_from_config(cfg), layout_spec_from_config(cfg, grid), stage).total();
   };
   for (int stage = 0; stage < k.pp; ++stage) EXPECT_EQ(predicted(k, stage), predicted(few, stage)) << "stage " << stage;
 }

@@ -29,7 +29,7 @@ ModelSpec tiny_spec() {
   s.ffn = 16;
   s.seq_length = 5;
   s.vocab_size = 11;
-  s.padded_vocab = 16;
+  s.vocab_divisible_by = 16;  // 16 rows
   s.init_std = 0.3f;  // large enough that every path of the graph carries real gradient
   return s;
 }
@@ -142,7 +142,7 @@ TEST(ModelGradients, MatchPyTorch) {
   man << "{\"config\": {\"num_layers\": " << m.spec.num_layers << ", \"hidden_size\": " << m.spec.hidden
       << ", \"num_heads\": " << m.spec.heads << ", \"ffn_hidden_size\": " << m.spec.ffn
       << ", \"seq_length\": " << m.spec.seq_length << ", \"vocab_size\": " << m.spec.vocab_size
-      << ", \"padded_vocab_size\": " << m.spec.padded_vocab << "}, \"tensors\": [";
+      << ", \"padded_vocab_size\": " << m.spec.padded_vocab() << "}, \"tensors\": [";
   bool first = true;
   for (auto& p : m.chunk.params().params()) {
     auto w = m.host(p->value);

@@ -69,7 +69,7 @@ void reference_step(Trainer& t, SampleSource& source, int64_t consumed, double l
   if (cfg.parallel.sequence_parallel) reduce_sequence_parallel_grads(ps, chunks);
   opt.reduce_gradients();
   // The norm: one sum_squares (one download) per segment, summed per global parameter.
-  std::vector<double> squares(num_global_params(cfg.model.num_layers), 0.0);
+  std::vector<double> squares(num_global_params(t.spec()), 0.0);
   for (OptimizerSegment& s : opt.adam().segments()) {
     if (s.param->tied_copy || (s.param->tp_replicated && ps.tp_rank() != 0)) continue;
     squares.at(s.param->global_id) += be.sum_squares(s.grad);

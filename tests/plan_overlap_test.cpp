@@ -36,7 +36,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 // A 32-layer, hidden-4096 model on 64 H100 with the layout the tests vary.
-ModelDims dims() { return ModelDims{32, 4096, 32, 4 * 4096, 4096, 51200, 128}; }
+ModelDescription dims() { return ModelDescription{32, 4096, 32, 4 * 4096, 4096, 51200, 128}; }
 
 LayoutSpec layout(int tp, int pp, int dp, int64_t mb, int64_t gb) {
   LayoutSpec l;

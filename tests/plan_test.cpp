@@ -24,6 +24,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "app/config_model.h"
 #include "app/config.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
@@ -55,7 +56,7 @@ const std::vector<MegatronRow>& megatron_table1() {
   return rows;
 }
 
-ModelDims dims(const MegatronRow& r) { return ModelDims{r.layers, r.hidden, r.heads, 4 * r.hidden, 2048, 51200, 128}; }
+ModelDescription dims(const MegatronRow& r) { return ModelDescription{r.layers, r.hidden, r.heads, 4 * r.hidden, 2048, 51200, 128}; }
 
 // The paper's runs: fp16, full recomputation, no distributed optimizer (which did not exist yet), and
 // Megatron-LM's executor: p2p buffers released once delivered, fp16 gradient buffers all-reduced in fp16
@@ -167,7 +168,7 @@ TEST(PlannerPublishedLayouts, GptNeoX20B) {
   o.dtype = DType::F16;
   o.send_buffers = SendBuffers::FreedOnDelivery;
   o.grads_in_compute_dtype = true;
-  const Plan plan = make_plan(ModelDims{44, 6144, 64, 4 * 6144, 2048, 50432, 128}, 1536, a100_40g, o);
+  const Plan plan = make_plan(ModelDescription{44, 6144, 64, 4 * 6144, 2048, 50432, 128}, 1536, a100_40g, o);
   std::vector<std::tuple<int, int, int>> order;  // distinct fitting (t, p, d), best first
   for (const PlanEntry& e : plan.layouts) {
     if (!e.fits) break;
@@ -209,7 +210,7 @@ TEST(PlannerTimeModel, PipelineFormulaMatchesTheScheduleSimulator) {
 TEST(PlannerTimeModel, MegatronExecutorOptionsChargeWhatTheyChange) {
   // 16-bit gradient buffers halve the gradient memory and the data-parallel bytes; the optimizer step then
   // needs fp32 copies of them. Scatter/gather moves 1/tp of each activation between nodes.
-  ModelDims m{16, 2048, 16, 8192, 2048, 51200, 128};
+  ModelDescription m{16, 2048, 16, 8192, 2048, 51200, 128};
   LayoutSpec l;
   l.tp = 4, l.pp = 4, l.dp = 4, l.micro_batch = 1, l.global_batch = 64, l.dtype = DType::F16;
   const HardwareSpec& a100 = *builtin_hardware("a100-80g");
@@ -230,7 +231,7 @@ TEST(PlannerTimeModel, MegatronExecutorOptionsChargeWhatTheyChange) {
 
 TEST(PlannerTimeModel, FlopsFollowMegatronsFormula) {
   // 72 B s l h^2 (1 + s/6h + V/12lh) without recomputation, 96 (1 + s/6h + V/16lh) with full.
-  ModelDims m{24, 2304, 24, 4 * 2304, 2048, 51200, 128};
+  ModelDescription m{24, 2304, 24, 4 * 2304, 2048, 51200, 128};
   LayoutSpec l;
   l.global_batch = 512;
   const double B = 512, s = 2048, L = 24, h = 2304, V = 51200;
@@ -242,7 +243,7 @@ TEST(PlannerTimeModel, FlopsFollowMegatronsFormula) {
 }
 
 TEST(PlannerTimeModel, BetterHardwareNeverPredictsSlower) {
-  ModelDims m{16, 2048, 16, 8192, 2048, 51200, 128};
+  ModelDescription m{16, 2048, 16, 8192, 2048, 51200, 128};
   LayoutSpec l;
   l.tp = 4, l.pp = 2, l.vpp = 2, l.dp = 4, l.micro_batch = 2, l.global_batch = 256, l.dtype = DType::BF16;
   const HardwareSpec base = *builtin_hardware("h100-80g");
@@ -265,7 +266,7 @@ TEST(PlannerTimeModel, BetterHardwareNeverPredictsSlower) {
 // ---- the enumeration ----
 
 TEST(PlannerEnumeration, EveryLayoutIsValidAndRejectionsNameTheRule) {
-  ModelDims m{30, 3072, 32, 4 * 3072, 2048, 51200, 128};
+  ModelDescription m{30, 3072, 32, 4 * 3072, 2048, 51200, 128};
   PlanOptions o;
   o.devices = 64;
   Plan plan = make_plan(m, 512, *builtin_hardware("a100-80g"), o);
@@ -303,7 +304,7 @@ TEST(PlannerEnumeration, EveryLayoutIsValidAndRejectionsNameTheRule) {
 }
 
 TEST(PlannerEnumeration, MoreMemoryFitsMore) {
-  ModelDims m{40, 6144, 48, 4 * 6144, 2048, 51200, 128};
+  ModelDescription m{40, 6144, 48, 4 * 6144, 2048, 51200, 128};
   PlanOptions o;
   o.devices = 64;
   int fits80 = 0, fits141 = 0;
@@ -384,7 +385,7 @@ TEST(PlannerHardware, CpuProbeWritesALoadableDescription) {
   PlanOptions o;
   o.devices = 2;
   o.dtype = DType::F32;
-  Plan plan = make_plan(ModelDims{6, 384, 6, 1536, 256, 50304, 128}, 8, back, o);
+  Plan plan = make_plan(ModelDescription{6, 384, 6, 1536, 256, 50304, 128}, 8, back, o);
   ASSERT_NE(plan.best(), nullptr);
   EXPECT_GT(plan.best()->time.step_s, 0);
 }
@@ -466,7 +467,7 @@ TEST(PlanCommand, StartupCheckWarnsAndNamesTheBetterLayout) {
   PlanOptions o;
   o.devices = 8;
   o.dtype = DType::BF16;
-  Plan plan = make_plan(model_dims_from_config(cfg), 64, a100, o);
+  Plan plan = make_plan(model_description_from_config(cfg), 64, a100, o);
   ASSERT_NE(plan.best(), nullptr);
   const LayoutSpec& b = plan.best()->layout;
   cfg.parallel.tensor = b.tp, cfg.parallel.pipeline = b.pp, cfg.parallel.virtual_pipeline = b.vpp;

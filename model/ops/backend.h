@@ -8,6 +8,7 @@
 //    (the real, unpadded vocabulary): ids at or past vocab_size are padding and never win the softmax.
 #pragma once
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,44 @@ class Backend {
   // dqkv = gradient wrt qkv (overwritten); the softmax is recomputed from qkv and lse.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) = 0;
+
+  // ---- grouped-query attention, RMSNorm, SwiGLU and RoPE: interim forms until the kernels land ----
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& out,
+                         Tensor& lse) {
+    require_mha(H, G);
+    attention_forward_last(qkv, B, T, T, H, D, out, lse);
+  }
+  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D,
+                              Tensor& out, Tensor& lse) {
+    require_mha(H, G);
+    attention_forward_last(qkv, B, T, Tq, H, D, out, lse);
+  }
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
+                          int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) {
+    require_mha(H, G);
+    attention_backward(dout, qkv, out, lse, B, T, H, D, dqkv);
+  }
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& y, Tensor& rstd, float eps) {
+    missing("rmsnorm_forward");
+  }
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                Tensor& dx, Tensor& dgamma) {
+    missing("rmsnorm_backward");
+  }
+  virtual void swiglu_forward(const Tensor& x, Tensor& y) { missing("swiglu_forward"); }
+  virtual void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) { missing("swiglu_backward"); }
+  virtual void rope_forward(Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t rotary_dims,
+                            float base, int64_t pos0) {
+    missing("rope_forward");
+  }
+  virtual void rope_backward(Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                             int64_t rotary_dims, float base, int64_t pos0) {
+    missing("rope_backward");
+  }
+  void require_mha(int64_t H, int64_t G) {
+    if (G != H) missing("grouped-query attention");
+  }
+  [[noreturn]] void missing(const char* op) { throw std::logic_error(name() + ": " + op + " is not available yet"); }
 
   // ---- softmax cross-entropy over a (possibly vocab-sharded) logits[N, Vl] ----
   // The three stages let the caller all-reduce max and sums over the tensor-parallel group between them.

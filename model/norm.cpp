@@ -1,0 +1,38 @@
+// LayerNorm and RMSNorm layers over the backend's kernels.
+#include "model/norm.h"
+
+namespace gpt {
+
+Norm::Norm(ParameterSet& params, const std::string& prefix, int64_t hidden, float eps, Normalization kind)
+    : kind_(kind), eps_(eps) {
+  weight_ = &params.add(prefix + ".weight", {hidden}, {}, false, true);
+  weight_->init = {false, 0.f, 1.f};
+  weight_->sequence_parallel_grad = true;
+  if (kind_ == Normalization::LayerNorm) {
+    bias_ = &params.add(prefix + ".bias", {hidden}, {}, false, true);
+    bias_->init = {false, 0.f, 0.f};
+    bias_->sequence_parallel_grad = true;
+  }
+}
+
+void Norm::forward(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const {
+  const int64_t n = x.dim(0);
+  cache.rstd = ctx.backend.empty({n});
+  y = ctx.backend.empty(x.shape(), x.dtype());
+  if (kind_ == Normalization::RMSNorm) {
+    ctx.backend.rmsnorm_forward(x, weight_->value, y, cache.rstd, eps_);
+    return;
+  }
+  cache.mean = ctx.backend.empty({n});
+  ctx.backend.layernorm_forward(x, weight_->value, bias_->value, y, cache.mean, cache.rstd, eps_);
+}
+
+void Norm::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, Tensor& dx) const {
+  dx = ctx.backend.empty(x.shape(), x.dtype());
+  if (kind_ == Normalization::RMSNorm)
+    ctx.backend.rmsnorm_backward(dy, x, weight_->value, cache.rstd, dx, weight_->grad);
+  else
+    ctx.backend.layernorm_backward(dy, x, weight_->value, cache.mean, cache.rstd, dx, weight_->grad, bias_->grad);
+}
+
+}  // namespace gpt
