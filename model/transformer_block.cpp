@@ -40,13 +40,14 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   c.att = be.empty({B * T, local_heads_ * D}, x.dtype());
   c.lse = be.empty({B, local_heads_, T});
   if (!kv) {
-    be.attention_forward(c.qkv, B, T, local_heads_, D, c.att, c.lse);
+    be.attention_forward(c.qkv, B, T, local_heads_, local_heads_, D, c.att, c.lse);
   } else {
     if (B != 1 || kv->past + T > kv->cache.dim(0))
       throw std::logic_error("TransformerBlock: a cached decoding step takes one sequence within the cache");
     Tensor slot = kv->cache.rows(kv->past, kv->past + T);
     be.copy(c.qkv, slot);
-    be.attention_forward_last(kv->cache.rows(0, kv->past + T), 1, kv->past + T, T, local_heads_, D, c.att, c.lse);
+    be.attention_forward_last(kv->cache.rows(0, kv->past + T), 1, kv->past + T, T, local_heads_, local_heads_, D,
+                              c.att, c.lse);
   }
   Tensor proj_partial;
   proj_.forward(ctx, c.att, proj_partial);
@@ -99,7 +100,7 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   Tensor datt, dln1_full;
   proj_.backward(ctx, dh_full, c.att, datt);
   Tensor dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
-  be.attention_backward(datt, c.qkv, c.att, c.lse, B, T, local_heads_, D, dqkv);
+  be.attention_backward(datt, c.qkv, c.att, c.lse, B, T, local_heads_, local_heads_, D, dqkv);
   c.lse = c.att = Tensor();
   qkv_.backward(ctx, dqkv, c.ln1_full, &dln1_full);
   Tensor dln1 = enter_tp_region_backward(ctx, dln1_full);

@@ -419,19 +419,19 @@ void CudaVsCpu::attention_paths(DType dt) {
                              " H=" + std::to_string(H) + " D=" + std::to_string(D);
       Pair qkv = randn_pair({B * T, 3 * H * D}, dt);
       Pair out = empty({B * T, H * D}, dt), lse = empty({B, H, T});
-      cpu->attention_forward(qkv.c, B, T, H, D, out.c, lse.c);
-      gpu->attention_forward(qkv.g, B, T, H, D, out.g, lse.g);
+      cpu->attention_forward(qkv.c, B, T, H, H, D, out.c, lse.c);
+      gpu->attention_forward(qkv.g, B, T, H, H, D, out.g, lse.g);
       expect_close(lse, dt == DType::F32 ? 1e-5 : 1e-2, "lse" + at);
       expect_close(out, tol(dt), "out" + at);
       Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, 3 * H * D}, dt);
-      cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, D, dqkv.c);
-      gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, D, dqkv.g);
+      cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, H, D, dqkv.c);
+      gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, H, D, dqkv.g);
       expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
       // A key/value cache's decoding step: the last Tq query positions only (cuDNN declines, unfused runs).
       for (int64_t Tq : {int64_t{1}, T / 3 + 1}) {
         Pair o = empty({B * Tq, H * D}, dt), l = empty({B, H, Tq});
-        cpu->attention_forward_last(qkv.c, B, T, Tq, H, D, o.c, l.c);
-        gpu->attention_forward_last(qkv.g, B, T, Tq, H, D, o.g, l.g);
+        cpu->attention_forward_last(qkv.c, B, T, Tq, H, H, D, o.c, l.c);
+        gpu->attention_forward_last(qkv.g, B, T, Tq, H, H, D, o.g, l.g);
         expect_close(l, dt == DType::F32 ? 1e-5 : 1e-2, "lse (last " + std::to_string(Tq) + ")" + at);
         expect_close(o, tol(dt), "out (last " + std::to_string(Tq) + ")" + at);
       }

@@ -390,7 +390,7 @@ TEST_F(OpsTest, AttentionForwardMatchesReference) {
     Vec qkv = randn(c.B * c.T * 3 * c.H * c.D);
     Tensor tq = make({c.B * c.T, 3 * c.H * c.D}, qkv);
     Tensor out = be->empty({c.B * c.T, c.H * c.D}), lse = make({c.B, c.H, c.T}, Vec(c.B * c.H * c.T, 9.f));
-    be->attention_forward(tq, c.B, c.T, c.H, c.D, out, lse);
+    be->attention_forward(tq, c.B, c.T, c.H, c.H, c.D, out, lse);
     DVec probs_ref;
     const DVec out_ref = attention_ref(qkv, c.B, c.T, c.H, c.D, probs_ref);
     expect_near_vec(host(out), out_ref, 2e-6, 1e-5, "attention out");
@@ -404,14 +404,14 @@ TEST_F(OpsTest, AttentionBackwardMatchesFiniteDifferences) {
     auto f = [&] {
       Tensor tq = make({rows, width}, qkv), out = be->empty({rows, c.H * c.D});
       Tensor lse = be->empty({c.B, c.H, c.T});
-      be->attention_forward(tq, c.B, c.T, c.H, c.D, out, lse);
+      be->attention_forward(tq, c.B, c.T, c.H, c.H, c.D, out, lse);
       return dot(host(out), R);
     };
     Tensor tq = make({rows, width}, qkv), out = be->empty({rows, c.H * c.D});
     Tensor lse = be->empty({c.B, c.H, c.T});
-    be->attention_forward(tq, c.B, c.T, c.H, c.D, out, lse);
+    be->attention_forward(tq, c.B, c.T, c.H, c.H, c.D, out, lse);
     Tensor dout = make({rows, c.H * c.D}, R), dqkv = make({rows, width}, Vec(rows * width, 5.f));
-    be->attention_backward(dout, tq, out, lse, c.B, c.T, c.H, c.D, dqkv);
+    be->attention_backward(dout, tq, out, lse, c.B, c.T, c.H, c.H, c.D, dqkv);
     EXPECT_LT(rel_err(host(dqkv), numeric_grad(qkv, f, 3e-3)), kGradTol) << "T=" << c.T;
   }
 }
@@ -423,14 +423,14 @@ TEST_F(OpsTest, AttentionBackwardLargeMatchesDirectionalDerivative) {
   auto f = [&] {
     Tensor tq = make({rows, width}, qkv), out = be->empty({rows, c.H * c.D});
     Tensor lse = be->empty({c.B, c.H, c.T});
-    be->attention_forward(tq, c.B, c.T, c.H, c.D, out, lse);
+    be->attention_forward(tq, c.B, c.T, c.H, c.H, c.D, out, lse);
     return dot(host(out), R);
   };
   Tensor tq = make({rows, width}, qkv), out = be->empty({rows, c.H * c.D});
   Tensor lse = be->empty({c.B, c.H, c.T});
-  be->attention_forward(tq, c.B, c.T, c.H, c.D, out, lse);
+  be->attention_forward(tq, c.B, c.T, c.H, c.H, c.D, out, lse);
   Tensor dout = make({rows, c.H * c.D}, R), dqkv = be->empty({rows, width});
-  be->attention_backward(dout, tq, out, lse, c.B, c.T, c.H, c.D, dqkv);
+  be->attention_backward(dout, tq, out, lse, c.B, c.T, c.H, c.H, c.D, dqkv);
   const Vec g = host(dqkv);
   // Separate directions for the q, k and v parts so each part of dqkv is tested on its own.
   for (int part = 0; part < 3; ++part) {
