@@ -125,28 +125,17 @@ void CpuBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   const auto [N, C] = ops::check_rmsnorm_backward(kChecks, dy, x, gamma, rstd, dx, dgamma, op);
   F32Input gf(gamma, op, "gamma");
   const float *gp = gf.get(), *rp = rstd.f32();
-  const int nt = threads_for(N * C, kParallelElems);
-  std::vector<float> partial(static_cast<size_t>(nt) * C, 0.f);  // per-thread dgamma sums
-  int used = 1;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-#pragma omp single
-    used = omp_get_num_threads();
-    int64_t r0, r1;
-    chunk_range(N, t, omp_get_num_threads(), r0, r1);
-    float* pg = partial.data() + static_cast<size_t>(t) * C;
-    Windows w;
-    for (int64_t n = r0; n < r1; ++n) {
-      rmsnorm_backward_row(w.in(0, dy, n * C, C), w.in(1, x, n * C, C), gp, rp[n], w.out(2, dx, n * C, C), pg, C);
-      w.store(2, dx, n * C, C);
-    }
-  }
   float* dgp = dgamma.f32();
-  for (int t = 0; t < used; ++t) {
-    const float* pg = partial.data() + static_cast<size_t>(t) * C;
-    for (int64_t c = 0; c < C; ++c) dgp[c] += pg[c];
-  }
+  rows_with_partial_sums(
+      N, C, kParallelElems,
+      [&](Windows& w, int64_t n, float* partial) {
+        rmsnorm_backward_row(w.in(0, dy, n * C, C), w.in(1, x, n * C, C), gp, rp[n], w.out(2, dx, n * C, C), partial,
+                             C);
+        w.store(2, dx, n * C, C);
+      },
+      [&](const float* partial) {
+        for (int64_t c = 0; c < C; ++c) dgp[c] += partial[c];
+      });
 }
 
 void CpuBackend::swiglu_forward(const Tensor& x, Tensor& y) {

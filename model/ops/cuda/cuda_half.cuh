@@ -147,6 +147,7 @@ struct alignas(sizeof(T) * V) Chunk {
   T v[V];
 };
 
+#ifdef __CUDACC__  // (this header is also read by host-only files, which have no use for these)
 template <int V, class T>
 __device__ inline void load_chunk(const T* p, float (&out)[V]) {
   const Chunk<T, V> c = *reinterpret_cast<const Chunk<T, V>*>(p);
@@ -161,6 +162,7 @@ __device__ inline void store_chunk(T* p, const float (&in)[V]) {
   for (int i = 0; i < V; ++i) c.v[i] = from_f32<T>(in[i]);
   *reinterpret_cast<Chunk<T, V>*>(p) = c;
 }
+#endif
 
 // Whether every pointer starts on a `bytes` boundary (so chunks of that size can be read from it).
 inline bool aligned_to(int64_t bytes, std::initializer_list<const void*> ptrs) {

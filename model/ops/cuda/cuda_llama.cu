@@ -85,21 +85,23 @@ __global__ void rmsnorm_dx_kernel(const T* dy, const T* x, const W* gamma, const
   if (row >= N) return;
   const int64_t base = row * C;
   const float rs = rstd[row];
-  float sum_gx = 0.f;
-  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
-    float d[V], v[V], g[V];
+  // Columns c..c+V-1 of dy, x and gamma (the two passes read them alike).
+  const auto load = [&](int64_t c, float(&d)[V], float(&v)[V], float(&g)[V]) {
     load_chunk<V>(dy + base + c, d);
     load_chunk<V>(x + base + c, v);
     load_chunk<V>(gamma + c, g);
+  };
+  float sum_gx = 0.f;
+  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
+    float d[V], v[V], g[V];
+    load(c, d, v, g);
 #pragma unroll
     for (int i = 0; i < V; ++i) sum_gx += d[i] * g[i] * v[i] * rs;
   }
   const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
   for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
     float d[V], v[V], g[V];
-    load_chunk<V>(dy + base + c, d);
-    load_chunk<V>(x + base + c, v);
-    load_chunk<V>(gamma + c, g);
+    load(c, d, v, g);
 #pragma unroll
     for (int i = 0; i < V; ++i) d[i] = rs * (d[i] * g[i] - v[i] * rs * mean_gx);
     store_chunk<V>(dx + base + c, d);
