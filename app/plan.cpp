@@ -530,8 +530,8 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
     Tensor lse = be->empty({B, H, T}), dout = random_tensor(*be, {B * T, H * D}, DType::F32);
     Tensor dqkv = be->empty({B * T, 3 * H * D});
     double t = best_seconds(8, [&] {
-      be->attention_forward(qkv, B, T, H, D, out, lse);
-      be->attention_backward(dout, qkv, out, lse, B, T, H, D, dqkv);
+      be->attention_forward(qkv, B, T, H, H, D, out, lse);
+      be->attention_backward(dout, qkv, out, lse, B, T, H, H, D, dqkv);
     });
     // The time model charges forward and backward 3.5 times the forward's two products (planner.cpp).
     hw.attention_efficiency = std::min(2.0, 3.5 * 4.0 * B * T * T * H * D / t / (hw.peak_tflops_fp32 * 1e12));

@@ -60,15 +60,15 @@ int run(int argc, char** argv) {
   Tensor out = be->empty({B * T, H * D}, dtype), dqkv = be->empty({B * T, 3 * H * D}, dtype);
   Tensor lse = be->empty({B, H, T});
   const double fused = best_seconds(reps, [&] {
-    be->attention_forward(qkv, B, T, H, D, out, lse);
-    be->attention_backward(dout, qkv, out, lse, B, T, H, D, dqkv);
+    be->attention_forward(qkv, B, T, H, H, D, out, lse);
+    be->attention_backward(dout, qkv, out, lse, B, T, H, H, D, dqkv);
   });
   // The reference computes in fp32: bf16 inputs are converted (whole-tensor copies) as the backend did.
   Tensor out32 = be->empty({B * T, H * D}), dqkv32 = be->empty({B * T, 3 * H * D});
   Tensor probs = be->empty({B, H, T, T});
   const double materialized = best_seconds(reps, [&] {
-    reference::materialized_attention_forward(qkv, B, T, H, D, out32, probs);
-    reference::materialized_attention_backward(dout, qkv, probs, B, T, H, D, dqkv32);
+    reference::materialized_attention_forward(qkv, B, T, H, H, D, out32, probs);
+    reference::materialized_attention_backward(dout, qkv, probs, B, T, H, H, D, dqkv32);
   });
   const double flops = 4.0 * B * H * T * T * D * 3.5 / 2;  // causal half of QK^T, PV forward; 5 products back
   std::printf("B=%lld T=%lld H=%lld D=%lld %s threads=%d: fused %.2f ms (%.1f GFLOP/s), materialised %.2f ms, "

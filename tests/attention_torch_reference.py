@@ -3,11 +3,13 @@
 
     attention_torch_reference.py DIR
 
-DIR/cases.json: [{"B", "T", "H", "D", "qkv": file, "dout": file}, ...] with raw little-endian float32
-files (relative to DIR): qkv [B*T, 3*H*D] (per token q for heads 0..H-1, then k, then v) and dout
-[B*T, H*D]. For each case i writes DIR/out_i.bin [B*T, H*D], DIR/lse_i.bin [B, H, T] (natural-log
-log-sum-exp of each query row's scaled causal scores) and DIR/dqkv_i.bin [B*T, 3*H*D], all raw float64,
-computed in float64 with autograd from the textbook definition softmax(Q K^T / sqrt(D) + causal mask) V.
+DIR/cases.json: [{"B", "T", "H", "G", "D", "qkv": file, "dout": file}, ...] with raw little-endian float32
+files (relative to DIR): qkv [B*T, (H+2G)*D] (per token q for heads 0..H-1, then k for key/value heads
+0..G-1, then v; G is optional and defaults to H) and dout [B*T, H*D]. Query head h uses key/value head
+h // (H/G) (grouped-query attention, repeat_interleave of K and V as Hugging Face's repeat_kv does). For each
+case i writes DIR/out_i.bin [B*T, H*D], DIR/lse_i.bin [B, H, T] (natural-log log-sum-exp of each query
+row's scaled causal scores) and DIR/dqkv_i.bin [B*T, (H+2G)*D], all raw float64, computed in float64 with
+autograd from the textbook definition softmax(Q K^T / sqrt(D) + causal mask) V.
 Malformed input exits with status 2 and a message naming the file.
 """
 import json
@@ -37,9 +39,15 @@ def main():
         sys.exit(2)
     for i, c in enumerate(cases):
         B, T, H, D = (int(c[k]) for k in "BTHD")
-        qkv = load(os.path.join(root, c["qkv"]), B * T * 3 * H * D).view(B, T, 3, H, D).requires_grad_(True)
+        G = int(c.get("G", H))
+        if G <= 0 or H % G:
+            sys.exit(f"case {i}: G={G} does not divide H={H}")
+        qkv = load(os.path.join(root, c["qkv"]), B * T * (H + 2 * G) * D).view(B, T, H + 2 * G, D)
+        qkv.requires_grad_(True)
         dout = load(os.path.join(root, c["dout"]), B * T * H * D).view(B, T, H, D)
-        q, k, v = (qkv[:, :, p].transpose(1, 2) for p in range(3))  # [B, H, T, D]
+        q = qkv[:, :, :H].transpose(1, 2)  # [B, H, T, D]
+        k, v = (qkv[:, :, H + p * G:H + (p + 1) * G].transpose(1, 2).repeat_interleave(H // G, dim=1)
+                for p in range(2))
         scores = q @ k.transpose(-1, -2) / D ** 0.5
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         scores = scores.masked_fill(~mask, float("-inf"))

@@ -149,6 +149,7 @@ class CudaVsCpu : public ::testing::Test {
   }
   static double tol(DType dt) { return dt == DType::F32 ? 1e-5 : 1e-2; }
   void attention_paths(DType dt);
+  void llama_ops(DType dt);
 
   std::unique_ptr<Backend> cpu = make_backend("cpu");
   Backend* gpu = nullptr;
@@ -399,39 +400,107 @@ TEST_F(CudaVsCpu, NegativeTokenIdIsReported) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// Llama-style ops: RMSNorm, SwiGLU, rotary embedding (widths that take the 16-byte chunk path and widths
+// that do not)
+
+void CudaVsCpu::llama_ops(DType dt) {
+  const std::string name = dtype_name(dt);
+  for (int64_t C : {8, 100, 4096}) {
+    for (DType gd : {dt, DType::F32}) {
+      const int64_t N = 67;
+      const std::string at = " " + name + " C=" + std::to_string(C) + " gamma " + dtype_name(gd);
+      Pair x = randn_pair({N, C}, dt, 2.f), gamma = randn_pair({C}, gd);
+      Pair y = empty({N, C}, dt), rstd = empty({N});
+      cpu->rmsnorm_forward(x.c, gamma.c, y.c, rstd.c, 1e-5f);
+      gpu->rmsnorm_forward(x.g, gamma.g, y.g, rstd.g, 1e-5f);
+      expect_close(y, tol(dt), "rmsnorm y" + at);
+      expect_close(rstd, 1e-5, "rmsnorm rstd" + at);
+      Pair dy = randn_pair({N, C}, dt), dx = empty({N, C}, dt), dgamma = randn_pair({C});
+      cpu->rmsnorm_backward(dy.c, x.c, gamma.c, rstd.c, dx.c, dgamma.c);
+      gpu->rmsnorm_backward(dy.g, x.g, gamma.g, rstd.g, dx.g, dgamma.g);
+      expect_close(dx, tol(dt), "rmsnorm dx" + at);
+      expect_close(dgamma, tol(dt), "rmsnorm dgamma" + at);
+    }
+  }
+  for (int64_t F : {8, 13, 2816}) {
+    const int64_t N = 45;
+    const std::string at = " " + name + " F=" + std::to_string(F);
+    Pair x = randn_pair({N, 2 * F}, dt, 2.f), y = empty({N, F}, dt);
+    cpu->swiglu_forward(x.c, y.c);
+    gpu->swiglu_forward(x.g, y.g);
+    expect_close(y, tol(dt), "swiglu y" + at);
+    Pair dy = randn_pair({N, F}, dt), dx = empty({N, 2 * F}, dt);
+    cpu->swiglu_backward(dy.c, x.c, dx.c);
+    gpu->swiglu_backward(dy.g, x.g, dx.g);
+    expect_close(dx, tol(dt), "swiglu dx" + at);
+  }
+  // {B, T, H, G, D, rotary_dims, pos0}
+  const std::vector<std::array<int64_t, 7>> ropes{
+      {2, 37, 4, 2, 12, 6, 0}, {1, 5, 3, 1, 16, 16, 4090}, {2, 300, 8, 2, 128, 128, 0}, {1, 64, 32, 8, 64, 32, 17}};
+  for (auto [B, T, H, G, D, R, pos0] : ropes) {
+    const std::string at = " " + name + " H=" + std::to_string(H) + " G=" + std::to_string(G) + " D=" +
+                           std::to_string(D) + " R=" + std::to_string(R) + " pos0=" + std::to_string(pos0);
+    Pair qkv = randn_pair({B * T, (H + 2 * G) * D}, dt);
+    cpu->rope_forward(qkv.c, B, T, H, G, D, R, 10000.f, pos0);
+    gpu->rope_forward(qkv.g, B, T, H, G, D, R, 10000.f, pos0);
+    expect_close(qkv, tol(dt), "rope_forward" + at);
+    cpu->rope_backward(qkv.c, B, T, H, G, D, R, 500000.f, pos0);
+    gpu->rope_backward(qkv.g, B, T, H, G, D, R, 500000.f, pos0);
+    expect_close(qkv, tol(dt), "rope_backward" + at);
+  }
+  // The shared argument checks, as the CUDA backend.
+  Pair qkv = randn_pair({4, 32}, dt);
+  try {
+    gpu->rope_forward(qkv.g, 1, 4, 2, 1, 8, 7, 10000.f, 0);
+    ADD_FAILURE() << "odd rotary_dims accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("CudaBackend::rope_forward: rotary_dims=7 must be even"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_P(CudaVsCpuDtype, LlamaOps) { llama_ops(GetParam()); }
+
+TEST_F(CudaVsCpu, LlamaOpsFp16) { llama_ops(DType::F16); }
+
+// ---------------------------------------------------------------------------------------------------
 // Attention
 
 // Both CUDA attention paths (model.attention_backend: unfused, and cudnn for 16-bit) against the CPU's fused
-// attention: odd shapes, then real ones (head dims 64 and 128, T = 1024 and 2048, B*H up to 192).
+// attention: odd shapes, then real ones (head dims 64 and 128, T = 1024 and 2048, B*H up to 192), multi-head
+// and grouped-query.
 TEST_P(CudaVsCpuDtype, CausalAttentionForwardBackward) { attention_paths(GetParam()); }
 
 TEST_F(CudaVsCpu, CausalAttentionForwardBackwardFp16) { attention_paths(DType::F16); }
 
 void CudaVsCpu::attention_paths(DType dt) {
-  const std::vector<std::array<int64_t, 4>> shapes{{2, 67, 3, 16}, {1, 5, 2, 8},     {1, 130, 2, 64},
-                                                   {2, 1024, 12, 64}, {1, 2048, 8, 128}, {16, 1024, 12, 64}};
+  // {B, T, H, G, D}: multi-head (G = H) and grouped-query (G < H, G = 1 multi-query) shapes.
+  const std::vector<std::array<int64_t, 5>> shapes{
+      {2, 67, 3, 3, 16},    {1, 5, 2, 2, 8},       {1, 130, 2, 2, 64},  {2, 1024, 12, 12, 64}, {1, 2048, 8, 8, 128},
+      {16, 1024, 12, 12, 64}, {2, 67, 4, 2, 16},   {1, 130, 8, 1, 64},  {2, 1024, 12, 4, 64},  {1, 2048, 8, 2, 128}};
   std::vector<std::string> paths{"unfused"};
   if (dt != DType::F32) paths.push_back("cudnn");
   for (const std::string& path : paths) {
     gpu->set_attention_backend(path);
-    for (auto [B, T, H, D] : shapes) {
+    for (auto [B, T, H, G, D] : shapes) {
       const std::string at = " " + path + " " + dtype_name(dt) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                             " H=" + std::to_string(H) + " D=" + std::to_string(D);
-      Pair qkv = randn_pair({B * T, 3 * H * D}, dt);
+                             " H=" + std::to_string(H) + " G=" + std::to_string(G) + " D=" + std::to_string(D);
+      const int64_t width = (H + 2 * G) * D;
+      Pair qkv = randn_pair({B * T, width}, dt);
       Pair out = empty({B * T, H * D}, dt), lse = empty({B, H, T});
-      cpu->attention_forward(qkv.c, B, T, H, D, out.c, lse.c);
-      gpu->attention_forward(qkv.g, B, T, H, D, out.g, lse.g);
+      cpu->attention_forward(qkv.c, B, T, H, G, D, out.c, lse.c);
+      gpu->attention_forward(qkv.g, B, T, H, G, D, out.g, lse.g);
       expect_close(lse, dt == DType::F32 ? 1e-5 : 1e-2, "lse" + at);
       expect_close(out, tol(dt), "out" + at);
-      Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, 3 * H * D}, dt);
-      cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, D, dqkv.c);
-      gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, D, dqkv.g);
+      Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, width}, dt);
+      cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, G, D, dqkv.c);
+      gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, G, D, dqkv.g);
       expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
       // A key/value cache's decoding step: the last Tq query positions only (cuDNN declines, unfused runs).
       for (int64_t Tq : {int64_t{1}, T / 3 + 1}) {
         Pair o = empty({B * Tq, H * D}, dt), l = empty({B, H, Tq});
-        cpu->attention_forward_last(qkv.c, B, T, Tq, H, D, o.c, l.c);
-        gpu->attention_forward_last(qkv.g, B, T, Tq, H, D, o.g, l.g);
+        cpu->attention_forward_last(qkv.c, B, T, Tq, H, G, D, o.c, l.c);
+        gpu->attention_forward_last(qkv.g, B, T, Tq, H, G, D, o.g, l.g);
         expect_close(l, dt == DType::F32 ? 1e-5 : 1e-2, "lse (last " + std::to_string(Tq) + ")" + at);
         expect_close(o, tol(dt), "out (last " + std::to_string(Tq) + ")" + at);
       }

@@ -8,7 +8,6 @@
 //    (the real, unpadded vocabulary): ids at or past vocab_size are padding and never win the softmax.
 #pragma once
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,60 +80,54 @@ class Backend {
   // dpos[t] += sum over b of dout[b*T + t].
   virtual void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) = 0;
 
+  // ---- RMSNorm over the last dim: y = x * rstd * gamma, rstd = 1/sqrt(mean(x^2) + eps); rstd F32 [N] ----
+  // y has x's dtype; gamma has x's dtype or F32.
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& y, Tensor& rstd, float eps) = 0;
+  // dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd (overwritten; dy, x and dx of one
+  // dtype); dgamma += column sums of dy * xhat (F32, accumulates).
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                Tensor& dx, Tensor& dgamma) = 0;
+
+  // ---- SwiGLU (Megatron's --swiglu): x [N, 2F] holds per row [gate (F) | up (F)]; y [N, F] = silu(gate) * up ----
+  // silu(g) = g * sigmoid(g). All tensors of one dtype.
+  virtual void swiglu_forward(const Tensor& x, Tensor& y) = 0;
+  // dx [N, 2F] overwritten: dgate = dy * up * silu'(gate), dup = dy * silu(gate).
+  virtual void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) = 0;
+
+  // ---- rotary position embedding (rotate-half / GPT-NeoX convention, as Megatron-LM's default and Hugging
+  // Face Llama use), in place on the q and k parts of packed qkv [B*T, (H + 2G)*D] (layout below). The first
+  // `rotary_dims` R (even, <= D) dims of each q and k head are rotated: for i < R/2, theta_i = base^(-2i/R),
+  // angle = pos * theta_i, (x_i, x_{i+R/2}) -> (x_i cos - x_{i+R/2} sin, x_{i+R/2} cos + x_i sin); dims R..D-1
+  // and the v part are untouched. Row b*T + t has position pos0 + t. The angle is computed as Megatron and
+  // Hugging Face compute it in fp32: theta_i rounded to fp32 (here from a double evaluation of base^(-2i/R),
+  // which is within an ulp of their fp32 pow), angle = fp32(pos) * theta_i rounded to fp32; cos and sin of
+  // that fp32 angle are evaluated in double and rounded to fp32 (ops::rope_angle, shared by every backend).
+  virtual void rope_forward(Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                            int64_t rotary_dims, float base, int64_t pos0) = 0;
+  // The gradient through it: rotates the dq and dk parts of dqkv back (the transpose rotation), in place.
+  virtual void rope_backward(Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                             int64_t rotary_dims, float base, int64_t pos0) = 0;
+
   // ---- causal self-attention over local heads (fused: no [B, H, T, T] tensor outlives a call) ----
-  // qkv [B*T, 3*H*D]: per token q for heads 0..H-1, then k, then v (each H*D); Q, K and V are read in
-  // place by strides. out [B*T, H*D]. Scores are scaled by 1/sqrt(D); token t attends to tokens 0..t.
-  // lse F32 [B, H, T]: each query row's log-sum-exp of its scaled, masked scores (natural log), which
-  // with qkv and out is all the backward pass needs.
-  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out, Tensor& lse) {
-    attention_forward_last(qkv, B, T, T, H, D, out, lse);
+  // Grouped-query attention: H query heads share G key/value heads (query groups; G divides H, G == H is
+  // multi-head attention). qkv [B*T, (H + 2G)*D]: per token q for heads 0..H-1 (H*D values), then k for
+  // groups 0..G-1 (G*D), then v for groups 0..G-1 (G*D); Q, K and V are read in place by strides. Query
+  // head h uses key/value group h / (H/G). out [B*T, H*D]. Scores are scaled by 1/sqrt(D); token t attends
+  // to tokens 0..t. lse F32 [B, H, T]: each query row's log-sum-exp of its scaled, masked scores (natural
+  // log), which with qkv and out is all the backward pass needs.
+  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& out,
+                         Tensor& lse) {
+    attention_forward_last(qkv, B, T, T, H, G, D, out, lse);
   }
   // The same for the last Tq positions of each sequence only (decoding with a key/value cache, where the
   // cache holds the first T - Tq positions): query i is position T - Tq + i and attends to positions
   // 0..T-Tq+i. The q slots of the first T - Tq rows of qkv are not read. out [B*Tq, H*D], lse F32 [B, H, Tq].
-  virtual void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D,
-                                      Tensor& out, Tensor& lse) = 0;
-  // dqkv = gradient wrt qkv (overwritten); the softmax is recomputed from qkv and lse.
+  virtual void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G,
+                                      int64_t D, Tensor& out, Tensor& lse) = 0;
+  // dqkv = gradient wrt qkv (overwritten); the softmax is recomputed from qkv and lse. Each group's dk and
+  // dv are summed over its H/G query heads.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                  int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) = 0;
-
-  // ---- grouped-query attention, RMSNorm, SwiGLU and RoPE: interim forms until the kernels land ----
-  void attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& out,
-                         Tensor& lse) {
-    require_mha(H, G);
-    attention_forward_last(qkv, B, T, T, H, D, out, lse);
-  }
-  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D,
-                              Tensor& out, Tensor& lse) {
-    require_mha(H, G);
-    attention_forward_last(qkv, B, T, Tq, H, D, out, lse);
-  }
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
-                          int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) {
-    require_mha(H, G);
-    attention_backward(dout, qkv, out, lse, B, T, H, D, dqkv);
-  }
-  virtual void rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& y, Tensor& rstd, float eps) {
-    missing("rmsnorm_forward");
-  }
-  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
-                                Tensor& dx, Tensor& dgamma) {
-    missing("rmsnorm_backward");
-  }
-  virtual void swiglu_forward(const Tensor& x, Tensor& y) { missing("swiglu_forward"); }
-  virtual void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) { missing("swiglu_backward"); }
-  virtual void rope_forward(Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t rotary_dims,
-                            float base, int64_t pos0) {
-    missing("rope_forward");
-  }
-  virtual void rope_backward(Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
-                             int64_t rotary_dims, float base, int64_t pos0) {
-    missing("rope_backward");
-  }
-  void require_mha(int64_t H, int64_t G) {
-    if (G != H) missing("grouped-query attention");
-  }
-  [[noreturn]] void missing(const char* op) { throw std::logic_error(name() + ": " + op + " is not available yet"); }
+                                  int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) = 0;
 
   // ---- softmax cross-entropy over a (possibly vocab-sharded) logits[N, Vl] ----
   // The three stages let the caller all-reduce max and sums over the tensor-parallel group between them.

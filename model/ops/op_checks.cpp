@@ -59,27 +59,106 @@ int64_t check_elementwise(const OpChecks& c, const char* op, std::initializer_li
 }
 
 AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
-                              int64_t T, int64_t H, int64_t D, const char* op) {
-  return check_attention_last(c, qkv, out, lse, B, T, T, H, D, op);
+                              int64_t T, int64_t H, int64_t G, int64_t D, const char* op) {
+  return check_attention_last(c, qkv, out, lse, B, T, T, H, G, D, op);
 }
 
-AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                   int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, const char* op) {
+std::string check_head_counts(const OpChecks& c, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                              const char* op) {
   c.require(B > 0 && T > 0 && H > 0 && D > 0, op,
             "B, T, H, D must be positive, got " + std::to_string(B) + ", " + std::to_string(T) + ", " +
                 std::to_string(H) + ", " + std::to_string(D));
+  c.require(G > 0 && H % G == 0, op,
+            "the key/value heads (query groups) G=" + std::to_string(G) + " must be positive and divide the query "
+                "heads H=" + std::to_string(H));
+  return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+         (G == H ? "" : " G=" + std::to_string(G)) + " D=" + std::to_string(D);
+}
+
+AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                   int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D, const char* op) {
+  const std::string heads = check_head_counts(c, B, T, H, G, D, op);
   c.require(Tq > 0 && Tq <= T, op,
             "the query positions Tq=" + std::to_string(Tq) + " must be between 1 and T=" + std::to_string(T));
-  const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                           (Tq == T ? "" : " Tq=" + std::to_string(Tq)) + " H=" + std::to_string(H) +
-                           " D=" + std::to_string(D);
+  const std::string dims = heads + (Tq == T ? "" : " Tq=" + std::to_string(Tq));
   c.require_float(qkv, op, "qkv");
-  c.require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D] for " + dims);
+  c.require_numel(qkv, B * T * (H + 2 * G) * D, op, "qkv",
+                  (G == H ? "[B*T, 3*H*D] for " : "[B*T, (H+2G)*D] for ") + dims);
   c.require_float(out, op, "out");
   c.require_numel(out, B * Tq * H * D, op, "out", (Tq == T ? "[B*T, H*D] for " : "[B*Tq, H*D] for ") + dims);
   c.require_dtype(lse, DType::F32, op, "lse");
   c.require_numel(lse, B * H * Tq, op, "lse", (Tq == T ? "[B, H, T] for " : "[B, H, Tq] for ") + dims);
-  return {B, T, H, D, Tq};
+  return {B, T, H, G, D, Tq};
+}
+
+namespace {
+
+// `t` has `like`'s dtype (the activations of one op share a dtype, so kernels are compiled per dtype).
+void require_same_dtype(const OpChecks& c, const Tensor& t, const Tensor& like, const char* op, const char* arg,
+                        const char* like_arg) {
+  c.require(t.dtype() == like.dtype(), op,
+            std::string(arg) + " " + describe(t) + " must have " + like_arg + "'s dtype " + dtype_name(like.dtype()));
+}
+
+}  // namespace
+
+RowDims check_rmsnorm(const OpChecks& c, const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,
+                      const char* op) {
+  c.require_float(gamma, op, "gamma");
+  c.require(gamma.dtype() == x.dtype() || gamma.dtype() == DType::F32, op,
+            "gamma " + describe(gamma) + " must have x's dtype " + dtype_name(x.dtype()) + " or be F32");
+  const int64_t C = gamma.numel();
+  const int64_t N = check_layernorm_rows(c, x, C, op);
+  c.require_float(y, op, "y");
+  require_same_dtype(c, y, x, op, "y", "x");
+  c.require_numel(y, N * C, op, "y", "x's shape " + shape_str(x.shape()));
+  c.require_dtype(rstd, DType::F32, op, "rstd");
+  c.require_numel(rstd, N, op, "rstd", "one value per row");
+  return {N, C};
+}
+
+RowDims check_rmsnorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                               const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const char* op) {
+  const RowDims d = check_rmsnorm(c, x, gamma, dy, rstd, op);  // dy: y's requirements
+  c.require_float(dx, op, "dx");
+  require_same_dtype(c, dx, x, op, "dx", "x");
+  c.require_numel(dx, d.rows * d.cols, op, "dx", "x's shape " + shape_str(x.shape()));
+  c.require_dtype(dgamma, DType::F32, op, "dgamma");
+  c.require_numel(dgamma, d.cols, op, "dgamma", "gamma's shape");
+  return d;
+}
+
+RowDims check_swiglu(const OpChecks& c, const Tensor& x, const Tensor& y, const char* y_arg, const char* op) {
+  c.require_float(x, op, "x");
+  c.require_float(y, op, y_arg);
+  require_same_dtype(c, y, x, op, y_arg, "x");
+  c.require(y.ndim() >= 1 && y.dim(-1) > 0, op, std::string(y_arg) + " must be [N, F], got " + describe(y));
+  const int64_t F = y.dim(-1), N = y.numel() / F;
+  c.require(x.ndim() >= 1 && x.dim(-1) == 2 * F && x.numel() == 2 * N * F, op,
+            "x " + describe(x) + " must be [N, 2F] = [" + std::to_string(N) + ", " + std::to_string(2 * F) +
+                "] (per row the gate then the up projection) for " + y_arg + " " + describe(y));
+  return {N, F};
+}
+
+RowDims check_swiglu_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& dx, const char* op) {
+  const RowDims d = check_swiglu(c, x, dy, "dy", op);
+  c.require_float(dx, op, "dx");
+  require_same_dtype(c, dx, x, op, "dx", "x");
+  c.require_numel(dx, x.numel(), op, "dx", "x's shape " + shape_str(x.shape()));
+  return d;
+}
+
+RopeDims check_rope(const OpChecks& c, const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                    int64_t rotary_dims, float base, int64_t pos0, const char* op, const char* arg) {
+  const std::string dims = check_head_counts(c, B, T, H, G, D, op);
+  c.require(rotary_dims >= 2 && rotary_dims % 2 == 0 && rotary_dims <= D, op,
+            "rotary_dims=" + std::to_string(rotary_dims) + " must be even and between 2 and the head dim D=" +
+                std::to_string(D));
+  c.require(std::isfinite(base) && base > 0.f, op, "base must be positive and finite, got " + std::to_string(base));
+  c.require(pos0 >= 0, op, "pos0 (the first row's position) must be >= 0, got " + std::to_string(pos0));
+  c.require_float(qkv, op, arg);
+  c.require_numel(qkv, B * T * (H + 2 * G) * D, op, arg, "[B*T, (H+2G)*D] for " + dims);
+  return {B, T, H, G, D, rotary_dims};
 }
 
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op) {

@@ -46,23 +46,56 @@ struct LinearDims {
 };
 LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, const char* op);
 
-// attention over packed qkv [B*T, 3*H*D] with fp32 log-sum-exp statistics lse [B, H, T]; out (and dout)
-// [B*T, H*D] of a float dtype.
+// attention over packed qkv [B*T, (H + 2G)*D] (q for H heads, then k and v for G groups; G divides H) with fp32
+// log-sum-exp statistics lse [B, H, T]; out (and dout) [B*T, H*D] of a float dtype.
 // Tq: query positions per sequence, the last Tq of its T (T for training; fewer when decoding with a cache).
 struct AttentionDims {
-  int64_t B, T, H, D;
+  int64_t B, T, H, G, D;
   int64_t Tq;
   int64_t q0() const { return T - Tq; }  // position of the first query
-  int64_t qkv_ld() const { return 3 * H * D; }
+  int64_t group_size() const { return H / G; }  // query heads per key/value group
+  int64_t group(int64_t h) const { return h / group_size(); }  // the key/value group of query head h
+  int64_t k_offset() const { return H * D; }  // first k element of a qkv row
+  int64_t v_offset() const { return (H + G) * D; }  // first v element of a qkv row
+  int64_t qkv_ld() const { return (H + 2 * G) * D; }
   int64_t out_ld() const { return H * D; }
   int64_t bh() const { return B * H; }
-  int64_t head_elems() const { return B * H * T * D; }  // one of q, k, v in head layout
 };
 AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
-                              int64_t T, int64_t H, int64_t D, const char* op);
+                              int64_t T, int64_t H, int64_t G, int64_t D, const char* op);
 // The same with queries only for the last Tq positions: out [B*Tq, H*D], lse [B, H, Tq], 1 <= Tq <= T.
 AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                   int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, const char* op);
+                                   int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D, const char* op);
+// B, T, H, G, D positive and G dividing H (shared by attention and rope); returns "B=.. T=.. H=.. D=.." for messages.
+std::string check_head_counts(const OpChecks& c, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                              const char* op);
+
+// rmsnorm, swiglu: rows of a float tensor.
+struct RowDims {
+  int64_t rows, cols;
+};
+// rmsnorm_forward: x [N, C] (C = gamma's length), y of x's dtype and shape, gamma of x's dtype or F32, rstd
+// F32 [N].
+RowDims check_rmsnorm(const OpChecks& c, const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,
+                      const char* op);
+// rmsnorm_backward: x and gamma as above, dy and dx of x's dtype and shape, rstd F32 [N], dgamma F32 [C].
+RowDims check_rmsnorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                               const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const char* op);
+// swiglu: x [N, 2F] and y [N, F] (`y_arg`: "y" forward, "dy" backward) of one float dtype; returns {N, F}.
+RowDims check_swiglu(const OpChecks& c, const Tensor& x, const Tensor& y, const char* y_arg, const char* op);
+// swiglu_backward: dy [N, F], x and dx [N, 2F], of one float dtype.
+RowDims check_swiglu_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& dx, const char* op);
+
+// rope over packed qkv [B*T, (H + 2G)*D] (`arg`: "qkv" or "dqkv") of a float dtype: rotary_dims R even,
+// 2 <= R <= D; base > 0 and finite; pos0 >= 0.
+struct RopeDims {
+  int64_t B, T, H, G, D, R;
+  int64_t rows() const { return B * T; }
+  int64_t heads() const { return H + G; }  // q and k heads of a row: the rotated ones, D apart
+  int64_t ld() const { return (H + 2 * G) * D; }
+};
+RopeDims check_rope(const OpChecks& c, const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                    int64_t rotary_dims, float base, int64_t pos0, const char* op, const char* arg);
 
 // layernorm: x's rows of width C (the rows are returned).
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op);

@@ -23,27 +23,28 @@ using namespace cpu;
 
 namespace {
 
-// qkv [B*T, 3*H*D] of a float dtype and probs [B, H, T, T].
-ops::AttentionDims check(const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T, int64_t H, int64_t D,
-                         const char* op) {
+// qkv [B*T, (H + 2G)*D] of a float dtype and probs [B, H, T, T].
+ops::AttentionDims check(const Tensor& qkv, const Tensor& probs, int64_t B, int64_t T, int64_t H, int64_t G,
+                         int64_t D, const char* op) {
+  ops::check_head_counts(kChecks, B, T, H, G, D, op);
   require_float(qkv, op, "qkv");
-  require_numel(qkv, B * T * 3 * H * D, op, "qkv", "[B*T, 3*H*D]");
+  require_numel(qkv, B * T * (H + 2 * G) * D, op, "qkv", "[B*T, (H+2G)*D]");
   require_numel(probs, B * H * T * T, op, "probs", "[B, H, T, T]");
-  return {B, T, H, D, T};
+  return {B, T, H, G, D, T};
 }
 
 constexpr int64_t kBlock = 64;
 
 int64_t query_blocks(int64_t T) { return (T + kBlock - 1) / kBlock; }
 
-// Row-major fp32 C[M,N] = alpha * op(A) . op(B), overwriting C (one thread inside the OpenMP loops below).
+// Row-major fp32 C[M,N] = alpha * op(A) . op(B) + beta * C (one thread inside the OpenMP loops below).
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-             const float* B, int64_t ldb, float* C, int64_t ldc) {
+             const float* B, int64_t ldb, float* C, int64_t ldc, float beta = 0.f) {
   MatmulShape s;
   s.trans_a = ta, s.trans_b = tb;
   s.M = M, s.N = N, s.K = K;
   s.lda = lda, s.ldb = ldb, s.ldc = ldc;
-  s.alpha = alpha;
+  s.alpha = alpha, s.beta = beta;
   matmul(s, A, B, C);
 }
 
@@ -78,10 +79,10 @@ GPT_CPU_KERNEL void softmax_backward_row(const float* pr, float* sr, int64_t i, 
 
 }  // namespace
 
-void materialized_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t D, Tensor& out,
-                                    Tensor& probs) {
+void materialized_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                                    Tensor& out, Tensor& probs) {
   const char* op = "attention_forward";
-  const ops::AttentionDims d = check(qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims d = check(qkv, probs, B, T, H, G, D, op);
   require_numel(out, B * T * H * D, op, "out", "[B*T, H*D]");
   F32Input qf(qkv, op, "qkv");
   F32Output of(out, false, op, "out");
@@ -99,8 +100,8 @@ void materialized_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
     const int64_t bh = task / nblk, blk = task % nblk;
     const int64_t b = bh / H, h = bh % H;
     const float* q = base + b * T * ld + h * D;
-    const float* k = q + H * D;
-    const float* v = k + H * D;
+    const float* k = base + b * T * ld + d.k_offset() + d.group(h) * D;
+    const float* v = k + G * D;
     float* o = outp + b * T * ldo + h * D;
     float* p = pp + bh * T * T;
     const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
@@ -113,9 +114,9 @@ void materialized_attention_forward(const Tensor& qkv, int64_t B, int64_t T, int
 }
 
 void materialized_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t B,
-                                     int64_t T, int64_t H, int64_t D, Tensor& dqkv) {
+                                     int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const ops::AttentionDims d = check(qkv, probs, B, T, H, D, op);
+  const ops::AttentionDims d = check(qkv, probs, B, T, H, G, D, op);
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   F32Input qf(qkv, op, "qkv"), df(dout, op, "dout");
@@ -129,29 +130,34 @@ void materialized_attention_backward(const Tensor& dout, const Tensor& qkv, cons
   {
     // dP, turned into scale * dS in place; only the lower-triangle blocks are ever written or read.
     std::unique_ptr<float[]> ds(new float[T * T]);
+    // One task per (sequence, key/value group): the group's heads in turn, dK and dV summed over them.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float* q = base + b * T * ld + h * D;
-      const float* k = q + H * D;
-      const float* v = k + H * D;
-      const float* dO = dbase + b * T * ldo + h * D;
-      float* dq = gbase + b * T * ld + h * D;
-      float* dk = dq + H * D;
-      float* dv = dk + H * D;
-      const float* p = pp + bh * T * T;
-      float* s = ds.get();
-      for (int64_t blk = 0; blk < nblk; ++blk) {
-        const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
-        product(false, true, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, s + i0 * T, T);
-        for (int64_t i = i0; i < i1; ++i) softmax_backward_row(p + i * T, s + i * T, i, i1, scale);
-        product(false, false, m, D, i1, 1.f, s + i0 * T, T, k, ld, dq + i0 * ld, ld);
-      }
-      // Key block j0..j1 is attended to by query rows j0..T only.
-      for (int64_t blk = 0; blk < nblk; ++blk) {
-        const int64_t j0 = blk * kBlock, j1 = std::min(T, j0 + kBlock), w = j1 - j0, rows = T - j0;
-        product(true, false, w, D, rows, 1.f, s + j0 * T + j0, T, q + j0 * ld, ld, dk + j0 * ld, ld);
-        product(true, false, w, D, rows, 1.f, p + j0 * T + j0, T, dO + j0 * ldo, ldo, dv + j0 * ld, ld);
+    for (int64_t bg = 0; bg < B * G; ++bg) {
+      const int64_t b = bg / G, g = bg % G;
+      for (int64_t h = g * d.group_size(); h < (g + 1) * d.group_size(); ++h) {
+        const int64_t bh = b * H + h;
+        const float beta = h == g * d.group_size() ? 0.f : 1.f;  // the group's first head overwrites dK, dV
+        const float* q = base + b * T * ld + h * D;
+        const float* k = base + b * T * ld + d.k_offset() + g * D;
+        const float* v = k + G * D;
+        const float* dO = dbase + b * T * ldo + h * D;
+        float* dq = gbase + b * T * ld + h * D;
+        float* dk = gbase + b * T * ld + d.k_offset() + g * D;
+        float* dv = dk + G * D;
+        const float* p = pp + bh * T * T;
+        float* s = ds.get();
+        for (int64_t blk = 0; blk < nblk; ++blk) {
+          const int64_t i0 = blk * kBlock, i1 = std::min(T, i0 + kBlock), m = i1 - i0;
+          product(false, true, m, i1, D, 1.f, dO + i0 * ldo, ldo, v, ld, s + i0 * T, T);
+          for (int64_t i = i0; i < i1; ++i) softmax_backward_row(p + i * T, s + i * T, i, i1, scale);
+          product(false, false, m, D, i1, 1.f, s + i0 * T, T, k, ld, dq + i0 * ld, ld);
+        }
+        // Key block j0..j1 is attended to by query rows j0..T only.
+        for (int64_t blk = 0; blk < nblk; ++blk) {
+          const int64_t j0 = blk * kBlock, j1 = std::min(T, j0 + kBlock), w = j1 - j0, rows = T - j0;
+          product(true, false, w, D, rows, 1.f, s + j0 * T + j0, T, q + j0 * ld, ld, dk + j0 * ld, ld, beta);
+          product(true, false, w, D, rows, 1.f, p + j0 * T + j0, T, dO + j0 * ldo, ldo, dv + j0 * ld, ld, beta);
+        }
       }
     }
   }

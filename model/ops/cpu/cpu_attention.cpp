@@ -1,15 +1,17 @@
-// Causal multi-head self-attention on the CPU, flash-style: queries in blocks of kQueryRows against keys
-// in blocks of kKeyRows, an online softmax, and per-thread scratch only, so memory does not grow with
-// B*H*T^2 (the [B, H, T, T] probabilities are never formed). Q, K and V are read in place from the packed
-// qkv rows (leading dimension 3*H*D). Block products are single-threaded oneDNN matmuls (cpu_matmul.h)
+// Causal self-attention on the CPU (multi-head, or grouped-query with G key/value heads shared by H/G query
+// heads each), flash-style: queries in blocks of kQueryRows against keys in blocks of kKeyRows, an online
+// softmax, and per-thread scratch only, so memory does not grow with B*H*T^2 (the [B, H, T, T]
+// probabilities are never formed). Q, K and V are read in place from the packed qkv rows (leading
+// dimension (H + 2G)*D; query head h reads key/value group h / (H/G)). Block products are single-threaded oneDNN matmuls (cpu_matmul.h)
 // issued from OpenMP loops; with bf16 activations they take bf16 operands (P and dS rounded to bf16 for
 // the products that consume them, as fused GPU kernels do) and accumulate in fp32.
 //
 // Forward, per (sequence, head, query block), over key blocks j up to the diagonal:
 //   S = scale Q K_j^T;  m' = max(m, rowmax S);  P = exp(S - m');  l = l e^(m - m') + rowsum P;
 //   O = O e^(m - m') + P V_j;  finally out = O / l and lse = m + log l.
-// Backward (FlashAttention-2's order), per (sequence, head), with Dv = rowsum(dO * out) per query row,
-// over key blocks j and then the query blocks i at or below them:
+// Backward (FlashAttention-2's order), per (sequence, key/value group), for each query head of the group
+// in turn, with Dv = rowsum(dO * out) per query row, over key blocks j and then the query blocks i at or
+// below them (dK and dV accumulate over the group's heads in fp32 and are stored once):
 //   P = exp(scale Q_i K_j^T - lse_i);  dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - Dv_i);
 //   dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i.
 #include <algorithm>
@@ -127,10 +129,10 @@ bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16; }
 
 }  // namespace
 
-void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D,
-                                        Tensor& out, Tensor& lse) {
+void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G,
+                                        int64_t D, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  const ops::AttentionDims d = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, D, op);
+  const ops::AttentionDims d = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, G, D, op);
   const ProductOperand x(qkv, bf16_products(qkv), op, "qkv");
   const MatType t = x.bf16() ? MatType::BF16 : MatType::F32;
   float* lsep = lse.f32();
@@ -152,7 +154,8 @@ void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T,
     for (int64_t task = 0; task < B * H * nblk; ++task) {
       const int64_t bh = task / nblk, blk = task % nblk;
       const int64_t b = bh / H, h = bh % H;
-      const int64_t q = b * T * ld + h * D, k = q + H * D, v = k + H * D;  // element offsets of row 0
+      const int64_t q = b * T * ld + h * D;  // element offsets of row 0
+      const int64_t k = b * T * ld + d.k_offset() + d.group(h) * D, v = k + G * D;
       const int64_t i0 = blk * kQueryRows, nr = std::min(Tq, i0 + kQueryRows) - i0;
       const int64_t p0 = q0 + i0;  // position of the block's first query
       std::fill(o.begin(), o.end(), 0.f);
@@ -179,9 +182,9 @@ void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T,
 }
 
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                    int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) {
+                                    int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
+  const ops::AttentionDims d = ops::check_attention(kChecks, qkv, out, lse, B, T, H, G, D, op);
   require_float(dout, op, "dout");
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_float(dqkv, op, "dqkv");
@@ -196,47 +199,51 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 #pragma omp parallel if (B * H * T * T * D > (1 << 16))
   {
     std::vector<float> s(kQueryRows * kKeyRows), dp(kQueryRows * kKeyRows);
-    std::vector<float> dk(kKeyRows * D), dv(kKeyRows * D), dq(T * D), rowdot(T);
+    std::vector<float> dk(T * D), dv(T * D), dq(T * D), rowdot(T);
     std::vector<uint16_t> p16(bf16 ? kQueryRows * kKeyRows : 0), ds16(p16.size());
     Windows w;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const int64_t q = b * T * ld + h * D, k = q + H * D, v = k + H * D;  // element offsets of row 0
-      const int64_t o = b * T * ldo + h * D;                                // in out and dout
-      const float* lrow = lsep + bh * T;
-      for (int64_t i = 0; i < T; ++i) {
-        const float* orow = w.in(1, out, o + i * ldo, D);
-        rowdot[i] = dot_row(orow, w.in(2, dout, o + i * ldo, D), D);
-      }
-      std::fill(dq.begin(), dq.end(), 0.f);
-      for (int64_t j0 = 0; j0 < T; j0 += kKeyRows) {
-        const int64_t nc = std::min(kKeyRows, T - j0);
-        std::fill(dk.begin(), dk.end(), 0.f);
-        std::fill(dv.begin(), dv.end(), 0.f);
-        // Query blocks that reach key j0 or later: the block holding row j0, then every block below it.
-        for (int64_t i0 = j0 / kQueryRows * kQueryRows; i0 < T; i0 += kQueryRows) {
-          const int64_t nr = std::min(kQueryRows, T - i0);
-          // Keys past the block's last query are masked for all its rows: the products stop before them.
-          const int64_t nk = std::min(nc, i0 + nr - j0);
-          product(false, true, nr, nk, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
-                  nk);
-          for (int64_t r = 0; r < nr; ++r)
-            probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, lrow[i0 + r]);
-          const void* p = as_operand(s.data(), nr * nk, t, p16);
-          product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dv.data(), D);
-          product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f, dp.data(),
-                  nk);
-          for (int64_t r = 0; r < nr; ++r)
-            softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r]);
-          const void* ds = as_operand(dp.data(), nr * nk, t, ds16);
-          product(false, false, nr, D, nk, scale, t, ds, nk, x.at(k + j0 * ld), ld, 1.f, dq.data() + i0 * D, D);
-          product(true, false, nk, D, nr, scale, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dk.data(), D);
+    for (int64_t bg = 0; bg < B * G; ++bg) {
+      const int64_t b = bg / G, g = bg % G;
+      const int64_t k = b * T * ld + d.k_offset() + g * D, v = k + G * D;  // element offsets of row 0
+      std::fill(dk.begin(), dk.end(), 0.f);
+      std::fill(dv.begin(), dv.end(), 0.f);
+      for (int64_t h = g * d.group_size(); h < (g + 1) * d.group_size(); ++h) {
+        const int64_t q = b * T * ld + h * D;
+        const int64_t o = b * T * ldo + h * D;  // in out and dout
+        const float* lrow = lsep + (b * H + h) * T;
+        for (int64_t i = 0; i < T; ++i) {
+          const float* orow = w.in(1, out, o + i * ldo, D);
+          rowdot[i] = dot_row(orow, w.in(2, dout, o + i * ldo, D), D);
         }
-        store_rows(dk.data(), nc, D, nullptr, dqkv, k + j0 * ld, ld, w);
-        store_rows(dv.data(), nc, D, nullptr, dqkv, v + j0 * ld, ld, w);
+        std::fill(dq.begin(), dq.end(), 0.f);
+        for (int64_t j0 = 0; j0 < T; j0 += kKeyRows) {
+          const int64_t nc = std::min(kKeyRows, T - j0);
+          float *dkj = dk.data() + j0 * D, *dvj = dv.data() + j0 * D;
+          // Query blocks that reach key j0 or later: the block holding row j0, then every block below it.
+          for (int64_t i0 = j0 / kQueryRows * kQueryRows; i0 < T; i0 += kQueryRows) {
+            const int64_t nr = std::min(kQueryRows, T - i0);
+            // Keys past the block's last query are masked for all its rows: the products stop before them.
+            const int64_t nk = std::min(nc, i0 + nr - j0);
+            product(false, true, nr, nk, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
+                    nk);
+            for (int64_t r = 0; r < nr; ++r)
+              probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, lrow[i0 + r]);
+            const void* p = as_operand(s.data(), nr * nk, t, p16);
+            product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dvj, D);
+            product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f,
+                    dp.data(), nk);
+            for (int64_t r = 0; r < nr; ++r)
+              softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r]);
+            const void* ds = as_operand(dp.data(), nr * nk, t, ds16);
+            product(false, false, nr, D, nk, scale, t, ds, nk, x.at(k + j0 * ld), ld, 1.f, dq.data() + i0 * D, D);
+            product(true, false, nk, D, nr, scale, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dkj, D);
+          }
+        }
+        store_rows(dq.data(), T, D, nullptr, dqkv, q, ld, w);
       }
-      store_rows(dq.data(), T, D, nullptr, dqkv, q, ld, w);
+      store_rows(dk.data(), T, D, nullptr, dqkv, k, ld, w);
+      store_rows(dv.data(), T, D, nullptr, dqkv, v, ld, w);
     }
   }
 }

@@ -4,7 +4,8 @@
 // are OpenMP loops written so the compiler vectorises them. Kernels compute in fp32; BF16/F16 tensors are
 // accepted everywhere a float tensor is and are converted on the way in and out (see cpu_tensor_access.h).
 // The implementation is split by concern: cpu_memory.cpp (allocation, fill, copy, upload/download),
-// cpu_linear.cpp, cpu_layernorm.cpp, cpu_elementwise.cpp (GELU, residual add, scale), cpu_embedding.cpp,
+// cpu_linear.cpp, cpu_layernorm.cpp, cpu_elementwise.cpp (GELU, residual add, scale), cpu_llama.cpp (RMSNorm,
+// SwiGLU, rotary embedding), cpu_embedding.cpp,
 // cpu_attention.cpp, cpu_cross_entropy.cpp (and the loss accumulation) and cpu_adamw.cpp (AdamW, sums of
 // squares, single-tensor and flat).
 #pragma once
@@ -52,10 +53,20 @@ class CpuBackend final : public Backend {
   void add_positions(const Tensor& pos_table, int64_t T, Tensor& out) override;
   void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) override;
 
-  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, Tensor& out,
-                              Tensor& lse) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& y, Tensor& rstd, float eps) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, Tensor& dx,
+                        Tensor& dgamma) override;
+  void swiglu_forward(const Tensor& x, Tensor& y) override;
+  void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
+  void rope_forward(Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t rotary_dims,
+                    float base, int64_t pos0) override;
+  void rope_backward(Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t rotary_dims,
+                     float base, int64_t pos0) override;
+
+  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D,
+                              Tensor& out, Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
-                          int64_t T, int64_t H, int64_t D, Tensor& dqkv) override;
+                          int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) override;
 
   void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
   void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,

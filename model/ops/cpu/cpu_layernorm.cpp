@@ -93,34 +93,21 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
   F32Output dgf(dgamma, true, op, "dgamma"), dbf(dbeta, true, op, "dbeta");
   const float *gp = gf.get(), *mp = mean.f32(), *rp = rstd.f32();
 
-  const int nt = threads_for(N * C, 1 << 14);
-  // Per-thread partial sums: [thread][0..C) for dgamma, [thread][C..2C) for dbeta.
-  std::vector<float> partial(static_cast<size_t>(nt) * 2 * C, 0.f);
-  int used = 1;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-#pragma omp single
-    used = omp_get_num_threads();
-    int64_t r0, r1;
-    chunk_range(N, t, omp_get_num_threads(), r0, r1);
-    float* pg = partial.data() + static_cast<size_t>(t) * 2 * C;
-    float* pb = pg + C;
-    Windows w;
-    for (int64_t n = r0; n < r1; ++n) {
-      layernorm_backward_row(w.in(0, dy, n * C, C), w.in(1, x, n * C, C), gp, mp[n], rp[n], w.out(2, dx, n * C, C),
-                             pg, pb, C);
-      w.store(2, dx, n * C, C);
-    }
-  }
   float *dgp = dgf.get(), *dbp = dbf.get();
-  for (int t = 0; t < used; ++t) {
-    const float* pg = partial.data() + static_cast<size_t>(t) * 2 * C;
-    for (int64_t c = 0; c < C; ++c) {
-      dgp[c] += pg[c];
-      dbp[c] += pg[C + c];
-    }
-  }
+  // Per-thread partial sums: [0..C) for dgamma, [C..2C) for dbeta.
+  rows_with_partial_sums(
+      N, 2 * C, 1 << 14,
+      [&](Windows& w, int64_t n, float* partial) {
+        layernorm_backward_row(w.in(0, dy, n * C, C), w.in(1, x, n * C, C), gp, mp[n], rp[n], w.out(2, dx, n * C, C),
+                               partial, partial + C, C);
+        w.store(2, dx, n * C, C);
+      },
+      [&](const float* partial) {
+        for (int64_t c = 0; c < C; ++c) {
+          dgp[c] += partial[c];
+          dbp[c] += partial[C + c];
+        }
+      });
   dgf.commit();
   dbf.commit();
 }

@@ -96,6 +96,30 @@ void for_each_window(int64_t n, int64_t parallel_above, F&& f) {
   }
 }
 
+// Calls row(windows, n, partial) for every row n of [0, N), the rows cut into one contiguous block per
+// OpenMP thread (threaded when N * width exceeds `parallel_above`), `partial` being that thread's own
+// `width` floats, zeroed first; then combine(partial) once per thread, in thread order. For kernels that
+// sum per-column gradients over rows (layernorm's gamma and beta): the fixed blocks and order keep the
+// result reproducible.
+template <class Row, class Combine>
+void rows_with_partial_sums(int64_t N, int64_t width, int64_t parallel_above, Row&& row, Combine&& combine) {
+  const int nt = threads_for(N * width, parallel_above);
+  std::vector<float> partial(static_cast<size_t>(nt) * width, 0.f);
+  int used = 1;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+#pragma omp single
+    used = omp_get_num_threads();
+    int64_t r0, r1;
+    chunk_range(N, t, omp_get_num_threads(), r0, r1);
+    float* mine = partial.data() + static_cast<size_t>(t) * width;
+    Windows windows;
+    for (int64_t n = r0; n < r1; ++n) row(windows, n, mine);
+  }
+  for (int t = 0; t < used; ++t) combine(partial.data() + static_cast<size_t>(t) * width);
+}
+
 // Read-only fp32 view of a float tensor (a whole-tensor copy for a 16-bit one).
 class F32Input {
  public:

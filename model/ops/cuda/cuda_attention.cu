@@ -1,6 +1,7 @@
-// Causal multi-head self-attention on the GPU, unfused: strided-batched cuBLAS products over the heads of
-// one sequence at a time plus warp-per-row softmax kernels, on the fused contract (backend.h): Q, K and V
-// are read in place from the packed qkv rows by strides (leading dimension 3*H*D, heads D apart), the
+// Causal self-attention on the GPU (multi-head, or grouped-query: H query heads sharing G key/value heads),
+// unfused: strided-batched cuBLAS products over the heads of one sequence at a time plus warp-per-row
+// softmax kernels, on the fused contract (backend.h): Q, K and V are read in place from the packed qkv rows
+// by strides (leading dimension (H + 2G)*D, heads D apart), the
 // output is written in place into its rows, and forward keeps only the per-row log-sum-exp; backward
 // recomputes the probabilities from it. The [H, T, T] score buffers are per-call scratch from the caching
 // allocator, one sequence at a time, and never outlive the call.
@@ -10,6 +11,10 @@
 // With 16-bit activations the products run on the tensor cores: P and dS are rounded to the activation
 // dtype for the products that consume them, while S, dP and the statistics stay fp32. The full T x T
 // products include the masked upper triangle, whose P and dS are zero.
+// Grouped-query attention (r = H/G query heads per group): each product is issued r times, the j-th a batch
+// over the G groups of query head g*r + j against group g's K or V (for r = 1 the single batch over all
+// heads). dK and dV sum over a group's r heads: they accumulate in fp32 scratch [2G, T, D] and are then
+// written into dqkv's rows.
 #include <cmath>
 
 #include "model/ops/cuda/cuda_backend.h"
@@ -114,6 +119,16 @@ void require_product_output(const Tensor& t, DType X, const char* op, const char
                   std::string(arg) + " " + ops::describe(t) + " must have qkv's dtype (" + dtype_name(X) + ") or F32");
 }
 
+// dqkv[b*T + t, k_offset + c] = acc[c / D, t, c % D] for c < 2*G*D: one sequence's summed dK and dV (the k and
+// v parts of a row are contiguous, group after group), rounded to the tensor's dtype.
+template <class X>
+__global__ void store_group_grads_kernel(const float* acc, X* dqkv, int64_t T, int64_t GD2, int64_t D, int64_t ld) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < T * GD2; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / GD2, c = e % GD2;
+    dqkv[t * ld + c] = from_f32<X>(acc[(c / D * T + t) * D + c % D]);
+  }
+}
+
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 // Byte address of element `e` of a tensor's storage.
@@ -122,20 +137,21 @@ char* at(Tensor& t, int64_t e) { return static_cast<char*>(t.raw()) + e * dtype_
 
 }  // namespace
 
-void CudaBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D,
-                                         Tensor& out, Tensor& lse) {
+void CudaBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G,
+                                         int64_t D, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  const ops::AttentionDims s = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, D, op);
+  const ops::AttentionDims s = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, G, D, op);
   if (Tq == T && cudnn_attention_forward(s, qkv, out, lse)) return;  // cuDNN's graph: whole sequences only
   const DType X = qkv.dtype();
   require_product_output(out, X, op, "out");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * Tq, q0 = s.q0();
-  // One sequence's heads as a strided batch: head h's matrix starts h * D elements after the sequence's
-  // first row, with the packed tensor's leading dimension.
+  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * Tq, q0 = s.q0(), r = s.group_size();
+  // One sequence's heads as strided batches over the groups: query head g*r + j's matrix starts
+  // (g*r + j) * D elements after the sequence's first row, group g's K and V g * D after theirs, with the
+  // packed tensor's leading dimension.
   const auto heads = [&] {
     GemmArgs g;
-    g.batch = H;
+    g.batch = G;
     return g;
   };
 
@@ -143,33 +159,38 @@ void CudaBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T
   Tensor p16;                         // P rounded to the activation dtype for the P V product
   if (X != DType::F32) p16 = empty({H, Tq, T}, X);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t q = b * T * ld, k = q + H * D, v = k + H * D;
-    GemmArgs g = heads();  // S = scale * Q K^T, fp32, for the query rows q0..T-1
-    g.m = Tq, g.n = T, g.k = D;
-    g.a = at(qkv, q + q0 * ld), g.lda = ld, g.stride_a = D;
-    g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
-    g.c = scores.raw(), g.ldc = T, g.stride_c = Tq * T, g.c_dtype = DType::F32;
-    g.ab = X, g.alpha = scale;
-    gemm(g, op);
+    const int64_t q = b * T * ld, k = q + s.k_offset(), v = q + s.v_offset();
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g = heads();  // S = scale * Q K^T, fp32, for the query rows q0..T-1
+      g.m = Tq, g.n = T, g.k = D;
+      g.a = at(qkv, q + q0 * ld + j * D), g.lda = ld, g.stride_a = r * D;
+      g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
+      g.c = at(scores, j * Tq * T), g.ldc = T, g.stride_c = r * Tq * T;
+      g.c_dtype = DType::F32, g.ab = X, g.alpha = scale;
+      gemm(g, op);
+    }
 
     causal_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
         scores.f32(), p16.defined() ? p16.raw() : nullptr, X, lse.f32() + b * rows, rows, Tq, T, q0);
     check_launch(op);
 
-    GemmArgs pv = heads();  // O = P V, into out's rows
-    pv.m = Tq, pv.n = D, pv.k = T;
-    pv.a = p16.defined() ? p16.raw() : scores.raw(), pv.lda = T, pv.stride_a = Tq * T;
-    pv.b = at(qkv, v), pv.ldb = ld, pv.stride_b = D;
-    pv.c = at(out, b * Tq * ldo), pv.ldc = ldo, pv.stride_c = D, pv.c_dtype = out.dtype();
-    pv.ab = X;
-    gemm(pv, op);
+    const Tensor& P = p16.defined() ? p16 : scores;
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs pv = heads();  // O = P V, into out's rows
+      pv.m = Tq, pv.n = D, pv.k = T;
+      pv.a = at(P, j * Tq * T), pv.lda = T, pv.stride_a = r * Tq * T;
+      pv.b = at(qkv, v), pv.ldb = ld, pv.stride_b = D;
+      pv.c = at(out, b * Tq * ldo + j * D), pv.ldc = ldo, pv.stride_c = r * D, pv.c_dtype = out.dtype();
+      pv.ab = X;
+      gemm(pv, op);
+    }
   }
 }
 
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                     int64_t B, int64_t T, int64_t H, int64_t D, Tensor& dqkv) {
+                                     int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) {
   const char* op = "attention_backward";
-  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, D, op);
+  const ops::AttentionDims s = ops::check_attention(kChecks, qkv, out, lse, B, T, H, G, D, op);
   require_float(dout, op, "dout");
   require_numel(dout, B * T * H * D, op, "dout", "[B*T, H*D]");
   require_float(dqkv, op, "dqkv");
@@ -178,10 +199,10 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   const DType X = qkv.dtype();
   require_product_output(dqkv, X, op, "dqkv");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T, TT = T * T;
+  const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T, TT = T * T, r = s.group_size();
   const auto heads = [&] {  // as in forward
     GemmArgs g;
-    g.batch = H;
+    g.batch = G;
     return g;
   };
 
@@ -192,52 +213,77 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   const Tensor dO = as_dtype(dout, X);  // the products read dO in the activation dtype
   Tensor p = empty({H, T, T}), dP = empty({H, T, T});
   Tensor p16 = X == DType::F32 ? p : empty({H, T, T}, X);  // P, then dS, in the activation dtype
+  // With groups (r > 1), one sequence's dK (groups 0..G-1) then dV, summed over each group's heads in fp32.
+  Tensor acc = r > 1 ? empty({2 * G, T, D}) : Tensor();
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t q = b * T * ld, k = q + H * D, v = k + H * D, o = b * T * ldo;
-    GemmArgs g = heads();  // S = scale * Q K^T, fp32, then P
-    g.m = T, g.n = T, g.k = D;
-    g.a = at(qkv, q), g.lda = ld, g.stride_a = D;
-    g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
-    g.c = p.raw(), g.ldc = T, g.stride_c = TT, g.c_dtype = DType::F32;
-    g.ab = X, g.alpha = scale;
-    gemm(g, op);
+    const int64_t q = b * T * ld, k = q + s.k_offset(), v = q + s.v_offset(), o = b * T * ldo;
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g = heads();  // S = scale * Q K^T, fp32, then P
+      g.m = T, g.n = T, g.k = D;
+      g.a = at(qkv, q + j * D), g.lda = ld, g.stride_a = r * D;
+      g.b = at(qkv, k), g.ldb = ld, g.stride_b = D, g.trans_b = true;
+      g.c = at(p, j * TT), g.ldc = T, g.stride_c = r * TT, g.c_dtype = DType::F32;
+      g.ab = X, g.alpha = scale;
+      gemm(g, op);
+    }
     probabilities_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
         p.f32(), X == DType::F32 ? nullptr : p16.raw(), X, lse.f32() + b * rows, rows, T);
     check_launch(op);
 
-    g = heads();  // dV = P^T dO
-    g.m = T, g.n = D, g.k = T;
-    g.a = p16.raw(), g.lda = T, g.stride_a = TT, g.trans_a = true;
-    g.b = at(dO, o), g.ldb = ldo, g.stride_b = D;
-    g.c = at(dqkv, v), g.ldc = ld, g.stride_c = D, g.c_dtype = dqkv.dtype();
-    g.ab = X;
-    gemm(g, op);
+    // Where dK and dV go: straight into dqkv's rows (one head per group), or summed into acc.
+    const auto kv_grad = [&](GemmArgs& g, int64_t j, int64_t first, int64_t part) {
+      if (r == 1) {
+        g.c = at(dqkv, first), g.ldc = ld, g.stride_c = D, g.c_dtype = dqkv.dtype();
+      } else {
+        g.c = at(acc, part * G * T * D), g.ldc = D, g.stride_c = T * D, g.c_dtype = DType::F32;
+        g.beta = j == 0 ? 0.f : 1.f;
+      }
+    };
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g = heads();  // dV = P^T dO
+      g.m = T, g.n = D, g.k = T;
+      g.a = at(p16, j * TT), g.lda = T, g.stride_a = r * TT, g.trans_a = true;
+      g.b = at(dO, o + j * D), g.ldb = ldo, g.stride_b = r * D;
+      kv_grad(g, j, v, 1);
+      g.ab = X;
+      gemm(g, op);
 
-    g = heads();  // dP = dO V^T, fp32
-    g.m = T, g.n = T, g.k = D;
-    g.a = at(dO, o), g.lda = ldo, g.stride_a = D;
-    g.b = at(qkv, v), g.ldb = ld, g.stride_b = D, g.trans_b = true;
-    g.c = dP.raw(), g.ldc = T, g.stride_c = TT, g.c_dtype = DType::F32;
-    g.ab = X;
-    gemm(g, op);
+      g = heads();  // dP = dO V^T, fp32
+      g.m = T, g.n = T, g.k = D;
+      g.a = at(dO, o + j * D), g.lda = ldo, g.stride_a = r * D;
+      g.b = at(qkv, v), g.ldb = ld, g.stride_b = D, g.trans_b = true;
+      g.c = at(dP, j * TT), g.ldc = T, g.stride_c = r * TT, g.c_dtype = DType::F32;
+      g.ab = X;
+      gemm(g, op);
+    }
 
     Tensor dS = X == DType::F32 ? dP : p16;
     softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
         p.f32(), dP.f32(), dS.raw(), X, dv_rows.f32() + b * rows, rows, T, scale);
     check_launch(op);
 
-    g = heads();  // dQ = dS K
-    g.m = T, g.n = D, g.k = T;
-    g.a = dS.raw(), g.lda = T, g.stride_a = TT;
-    g.b = at(qkv, k), g.ldb = ld, g.stride_b = D;
-    g.c = at(dqkv, q), g.ldc = ld, g.stride_c = D, g.c_dtype = dqkv.dtype();
-    g.ab = X;
-    gemm(g, op);
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g = heads();  // dQ = dS K
+      g.m = T, g.n = D, g.k = T;
+      g.a = at(dS, j * TT), g.lda = T, g.stride_a = r * TT;
+      g.b = at(qkv, k), g.ldb = ld, g.stride_b = D;
+      g.c = at(dqkv, q + j * D), g.ldc = ld, g.stride_c = r * D, g.c_dtype = dqkv.dtype();
+      g.ab = X;
+      gemm(g, op);
 
-    g.trans_a = true;  // dK = dS^T Q
-    g.b = at(qkv, q);
-    g.c = at(dqkv, k);
-    gemm(g, op);
+      g.trans_a = true;  // dK = dS^T Q
+      g.b = at(qkv, q + j * D), g.stride_b = r * D;
+      kv_grad(g, j, k, 0);
+      gemm(g, op);
+    }
+    if (r > 1) {
+      with_float_type(dqkv.dtype(), [&](auto tag) {
+        using Y = decltype(tag);
+        store_group_grads_kernel<Y><<<grid_for(T * 2 * G * D, 256), 256, 0, stream_>>>(
+            acc.f32(), reinterpret_cast<Y*>(at(dqkv, k)), T, 2 * G * D, D, ld);
+      });
+      check_launch(op);
+    }
   }
 }
 

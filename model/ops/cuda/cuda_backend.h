@@ -6,7 +6,8 @@
 // (cuda_allocator.h), so a training step that repeats the previous step's shapes never calls cudaMalloc.
 // The implementation is split by concern: cuda_backend.cpp (device, stream, handles, host transfers,
 // device-side error reports), cuda_memory.cu (fill, dtype casts), cuda_linear.cpp and cuda_gemm.cpp
-// (cuBLAS), cuda_reduce.cu (column sums, sum of squares), cuda_layernorm.cu, cuda_elementwise.cu (GELU,
+// (cuBLAS), cuda_reduce.cu (column sums, sum of squares), cuda_layernorm.cu, cuda_llama.cu (RMSNorm, SwiGLU,
+// rotary embedding), cuda_elementwise.cu (GELU,
 // residual add, scale), cuda_adamw.cu (AdamW, flat AdamW, per-segment sums of squares), cuda_embedding.cu,
 // cuda_attention.cu, cuda_cross_entropy.cu and cuda_loss.cu (the loss accumulation).
 #pragma once
@@ -85,10 +86,20 @@ class CudaBackend final : public Backend {
   void add_positions(const Tensor& pos_table, int64_t T, Tensor& out) override;
   void add_positions_backward(const Tensor& dout, int64_t T, Tensor& dpos) override;
 
-  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t D, Tensor& out,
-                              Tensor& lse) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& y, Tensor& rstd, float eps) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd, Tensor& dx,
+                        Tensor& dgamma) override;
+  void swiglu_forward(const Tensor& x, Tensor& y) override;
+  void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
+  void rope_forward(Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t rotary_dims,
+                    float base, int64_t pos0) override;
+  void rope_backward(Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t rotary_dims,
+                     float base, int64_t pos0) override;
+
+  void attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D,
+                              Tensor& out, Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
-                          int64_t T, int64_t H, int64_t D, Tensor& dqkv) override;
+                          int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) override;
   // model.attention_backend: auto (cuDNN's fused attention where it takes the shape, else the unfused
   // path, with one logged warning), cudnn (an error instead of the fallback), unfused.
   void set_attention_backend(const std::string& name) override;

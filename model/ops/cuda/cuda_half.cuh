@@ -2,12 +2,15 @@
 // model/ops/half.h (round-to-nearest-even, NaN quietened with sign and top payload bits kept, fp16
 // overflow to +-inf, fp16 subnormals rounded by hand), so a tensor cast on the GPU holds exactly the bits
 // the CPU backend would produce. The hardware converters round the same way but canonicalise NaNs, hence
-// the integer versions here. Also: reading and writing one element of a float tensor of any dtype as fp32.
+// the integer versions here. Also: reading and writing one element of a float tensor of any dtype as fp32,
+// and, for kernels compiled once per dtype, the storage types (float, Bf16, F16), a dispatch from DType to
+// them, and aligned chunks of V elements (16 bytes: one 128-bit load or store per chunk).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #include "model/tensor.h"
 
@@ -93,6 +96,79 @@ __host__ __device__ inline void store_from_f32(void* p, DType t, int64_t i, floa
     case DType::F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
     default: static_cast<float*>(p)[i] = v; break;
   }
+}
+
+// The storage types of kernels compiled per dtype: float, and bf16 / fp16 held as their bits.
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+__host__ __device__ inline float to_f32(float v) { return v; }
+__host__ __device__ inline float to_f32(Bf16 v) { return bf16_to_f32(v.bits); }
+__host__ __device__ inline float to_f32(F16 v) { return f16_to_f32(v.bits); }
+
+template <class T>
+__host__ __device__ inline T from_f32(float v);
+template <>
+__host__ __device__ inline float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__host__ __device__ inline Bf16 from_f32<Bf16>(float v) {
+  return {f32_to_bf16(v)};
+}
+template <>
+__host__ __device__ inline F16 from_f32<F16>(float v) {
+  return {f32_to_f16(v)};
+}
+
+// Calls f(T{}) with T the storage type of float dtype `t` (F32, BF16 or F16), for launching a kernel
+// template: `with_float_type(x.dtype(), [&](auto tag) { kernel<decltype(tag)><<<...>>>(...); })`.
+template <class F>
+void with_float_type(DType t, F&& f) {
+  switch (t) {
+    case DType::BF16: f(Bf16{}); break;
+    case DType::F16: f(F16{}); break;
+    default: f(float{}); break;
+  }
+}
+
+// Elements per 16-byte chunk of T (4 floats, 8 16-bit values).
+template <class T>
+constexpr int kChunk = 16 / static_cast<int>(sizeof(T));
+
+// V consecutive elements of T, aligned to their size, loaded and stored as one access (128 bits when V is
+// kChunk<T>). V = 1 is a plain element, for rows whose width or address does not allow whole chunks.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Chunk {
+  T v[V];
+};
+
+#ifdef __CUDACC__  // (this header is also read by host-only files, which have no use for these)
+template <int V, class T>
+__device__ inline void load_chunk(const T* p, float (&out)[V]) {
+  const Chunk<T, V> c = *reinterpret_cast<const Chunk<T, V>*>(p);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_f32(c.v[i]);
+}
+
+template <int V, class T>
+__device__ inline void store_chunk(T* p, const float (&in)[V]) {
+  Chunk<T, V> c;
+#pragma unroll
+  for (int i = 0; i < V; ++i) c.v[i] = from_f32<T>(in[i]);
+  *reinterpret_cast<Chunk<T, V>*>(p) = c;
+}
+#endif
+
+// Whether every pointer starts on a `bytes` boundary (so chunks of that size can be read from it).
+inline bool aligned_to(int64_t bytes, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0) return false;
+  return true;
 }
 
 }  // namespace gpt::cuda

@@ -9,7 +9,10 @@
 //   backward: Dv = rowsum(dO * O) (written to an fp32 scratch, softmax_sum); P = exp(mask(Q K^T * scale
 //             - lse)); dV = P^T dO; dS = (dO V^T - Dv) * P * scale; dK = dS^T Q; dQ = dS K, accumulated
 //             in an fp32 scratch (dQ_accum) and written out by an identity.
-// K (and V in backward) are described transposed ([B, H, D, T] with swapped strides) over the same memory.
+// K (and V in backward) are described transposed ([B, G, D, T] with swapped strides) over the same memory.
+// With groups (G < H), as cudnn-frontend lowers grouped-query attention: K and V have G heads, which the
+// products broadcast over each group's H/G query heads, and backward forms dK and dV per query head
+// ([B, H, T, D], virtual, in the io dtype) and sums them over each group with a reduction into [B, G, T, D].
 #include "model/ops/cuda/cudnn_attention.h"
 
 #include <spdlog/spdlog.h>
@@ -286,10 +289,10 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK,
 
 struct Layout {
   Dims qkv, qkv_t, rows, sxs, sxs_t, row_stats, heads;  // strides
-  Dims bhtd, bhdt, bhtt, bht1;                          // dims
+  Dims bhtd, bgtd, bgdt, bhtt, bht1;                    // dims (h: query heads, g: key/value heads)
   explicit Layout(const SdpaShape& s) {
-    const int64_t B = s.B, T = s.T, H = s.H, D = s.D, S3 = 3 * H * D, HD = H * D;
-    bhtd = {B, H, T, D}, bhdt = {B, H, D, T}, bhtt = {B, H, T, T}, bht1 = {B, H, T, 1};
+    const int64_t B = s.B, T = s.T, H = s.H, G = s.G, D = s.D, S3 = (H + 2 * G) * D, HD = H * D;
+    bhtd = {B, H, T, D}, bgtd = {B, G, T, D}, bgdt = {B, G, D, T}, bhtt = {B, H, T, T}, bht1 = {B, H, T, 1};
     qkv = {T * S3, D, S3, 1};      // Q, K, V, dQ, dK, dV in the packed rows
     qkv_t = {T * S3, D, 1, S3};    // K or V described transposed
     rows = {T * HD, D, HD, 1};     // O and dO in their rows
@@ -317,7 +320,7 @@ std::unique_ptr<CudnnAttention::Plan> build_forward(cudnnHandle_t handle, const 
   const Layout L(s);
   const cudnnDataType_t io = cudnn_type(s.dtype), f32 = CUDNN_DATA_FLOAT;
   GraphBuilder g(handle);
-  auto q = g.tensor(kQ, io, L.bhtd, L.qkv), kt = g.tensor(kK, io, L.bhdt, L.qkv_t), v = g.tensor(kV, io, L.bhtd, L.qkv);
+  auto q = g.tensor(kQ, io, L.bhtd, L.qkv), kt = g.tensor(kK, io, L.bgdt, L.qkv_t), v = g.tensor(kV, io, L.bgtd, L.qkv);
   auto o = g.tensor(kO, io, L.bhtd, L.rows), stats = g.tensor(kStats, f32, L.bht1, L.row_stats);
   auto scale = g.scalar(kScale), neginf = g.scalar(kNegInf);
   auto S = g.virt(f32, L.bhtt, L.sxs);
@@ -352,12 +355,19 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
   const Layout L(s);
   const cudnnDataType_t io = cudnn_type(s.dtype), f32 = CUDNN_DATA_FLOAT;
   GraphBuilder g(handle);
-  auto q = g.tensor(kQ, io, L.bhtd, L.qkv), kt = g.tensor(kK, io, L.bhdt, L.qkv_t);
-  auto vt = g.tensor(kV, io, L.bhdt, L.qkv_t);
+  auto q = g.tensor(kQ, io, L.bhtd, L.qkv), kt = g.tensor(kK, io, L.bgdt, L.qkv_t);
+  auto vt = g.tensor(kV, io, L.bgdt, L.qkv_t);
   auto o = g.tensor(kO, io, L.bhtd, L.rows), dO = g.tensor(kDO, io, L.bhtd, L.rows);
   auto stats = g.tensor(kStats, f32, L.bht1, L.row_stats);
-  auto dq = g.tensor(kDQ, io, L.bhtd, L.qkv), dk = g.tensor(kDK, io, L.bhtd, L.qkv);
-  auto dv = g.tensor(kDV, io, L.bhtd, L.qkv);
+  auto dq = g.tensor(kDQ, io, L.bhtd, L.qkv), dk = g.tensor(kDK, io, L.bgtd, L.qkv);
+  auto dv = g.tensor(kDV, io, L.bgtd, L.qkv);
+  // dK and dV per query head, summed over each group's heads (grouped-query attention), else directly.
+  const auto kv_grad = [&](cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t out) {
+    if (s.G == s.H) return g.matmul(a, b, out);
+    auto full = g.virt(io, L.bhtd, L.heads);
+    g.matmul(a, b, full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+  };
   auto scale = g.scalar(kScale), one = g.scalar(kOne), neginf = g.scalar(kNegInf);
   auto softmax_sum = g.tensor(kSoftmaxSum, f32, L.bht1, L.row_stats);
   auto dq_accum = g.tensor(kDQAccum, f32, L.bhtd, L.heads);
@@ -380,7 +390,7 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
 
   auto PT = g.virt(io, L.bhtt, L.sxs_t);  // dV = P^T dO
   g.reshape(P, PT);
-  g.matmul(PT, dO, dv);
+  kv_grad(PT, dO, dv);
 
   auto dP = g.virt(f32, L.bhtt, L.sxs);  // dS = (dO V^T - Dv) * P * scale
   g.matmul(dO, vt, dP);
@@ -391,9 +401,9 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
 
   auto dST = g.virt(io, L.bhtt, L.sxs_t);  // dK = dS^T Q
   g.reshape(dS, dST);
-  g.matmul(dST, q, dk);
+  kv_grad(dST, q, dk);
 
-  auto K = g.virt(f32, L.bhtd, L.qkv);  // dQ = dS K, through the fp32 accumulator
+  auto K = g.virt(f32, L.bgtd, L.qkv);  // dQ = dS K, through the fp32 accumulator
   g.reshape(kt, K);
   g.matmul(dS, K, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
@@ -455,7 +465,7 @@ std::string CudnnAttention::precheck(const SdpaShape& s, int sm, bool backward) 
 }
 
 CudnnAttention::Plan& CudnnAttention::plan(const SdpaShape& s, bool backward) {
-  const auto key = std::make_tuple(s.B, s.T, s.H, s.D, static_cast<int>(s.dtype), backward);
+  const auto key = std::make_tuple(s.B, s.T, s.H, s.G, s.D, static_cast<int>(s.dtype), backward);
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   if (auto no = rejected_.find(key); no != rejected_.end()) throw CudnnUnsupported(no->second);
@@ -475,9 +485,9 @@ int64_t CudnnAttention::workspace_bytes(const SdpaShape& s, bool backward) { ret
 void CudnnAttention::forward(const SdpaShape& s, const void* qkv, void* out, float* lse, void* workspace) {
   const Plan& p = plan(s, false);
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neginf = -std::numeric_limits<float>::infinity();
-  const int64_t HD = s.H * s.D;
+  const int64_t k = s.H * s.D, v = (s.H + s.G) * s.D;  // first k and v elements of a row
   execute(static_cast<cudnnHandle_t>(handle_), p, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-          {const_cast<void*>(qkv), const_cast<char*>(at(qkv, HD, s.dtype)), const_cast<char*>(at(qkv, 2 * HD, s.dtype)),
+          {const_cast<void*>(qkv), const_cast<char*>(at(qkv, k, s.dtype)), const_cast<char*>(at(qkv, v, s.dtype)),
            out, lse, &scale, &neginf},
           workspace);
 }
@@ -486,13 +496,13 @@ void CudnnAttention::backward(const SdpaShape& s, const void* qkv, const void* o
                               void* dqkv, void* workspace) {
   const Plan& p = plan(s, true);
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), one = 1.f, neginf = -std::numeric_limits<float>::infinity();
-  const int64_t HD = s.H * s.D;
+  const int64_t k = s.H * s.D, v = (s.H + s.G) * s.D;  // first k and v elements of a row
   char* scratch = static_cast<char*>(workspace);
   execute(static_cast<cudnnHandle_t>(handle_), p,
           {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum, kDQAccum},
-          {const_cast<void*>(qkv), const_cast<char*>(at(qkv, HD, s.dtype)), const_cast<char*>(at(qkv, 2 * HD, s.dtype)),
+          {const_cast<void*>(qkv), const_cast<char*>(at(qkv, k, s.dtype)), const_cast<char*>(at(qkv, v, s.dtype)),
            const_cast<void*>(out), const_cast<void*>(dout), const_cast<float*>(lse), dqkv,
-           const_cast<char*>(at(dqkv, HD, s.dtype)), const_cast<char*>(at(dqkv, 2 * HD, s.dtype)), &scale, &one,
+           const_cast<char*>(at(dqkv, k, s.dtype)), const_cast<char*>(at(dqkv, v, s.dtype)), &scale, &one,
            &neginf, scratch + dq_accum_bytes(s), scratch},
           workspace);
 }
@@ -513,6 +523,11 @@ std::string CudaBackend::cudnn_blocker(const cuda::SdpaShape& s, bool backward,
       why = "a tensor that does not start on a 16-byte boundary: " + ops::describe(*t);
   }
   return why;
+}
+
+// For messages: what makes a grouped-query call different from the multi-head ones cuDNN is known to take.
+std::string grouped(const cuda::SdpaShape& s) {
+  return s.G == s.H ? "" : " (grouped-query attention, H=" + std::to_string(s.H) + " G=" + std::to_string(s.G) + ")";
 }
 
 // After cuDNN could not run an attention op: an error under model.attention_backend=cudnn, else one
@@ -551,7 +566,7 @@ bool CudaBackend::cudnn_skipped(DType dtype) const {
 
 bool CudaBackend::cudnn_attention_forward(const ops::AttentionDims& d, const Tensor& qkv, Tensor& out, Tensor& lse) {
   if (cudnn_skipped(qkv.dtype())) return false;
-  const cuda::SdpaShape s{d.B, d.T, d.H, d.D, qkv.dtype()};
+  const cuda::SdpaShape s{d.B, d.T, d.H, d.G, d.D, qkv.dtype()};
   std::string why = cudnn_blocker(s, false, {&out});
   if (why.empty()) {
     try {
@@ -560,7 +575,7 @@ bool CudaBackend::cudnn_attention_forward(const ops::AttentionDims& d, const Ten
       a.forward(s, qkv.raw(), out.raw(), lse.f32(), workspace.raw());
       return true;
     } catch (const cuda::CudnnUnsupported& e) {
-      why = e.what();
+      why = e.what() + grouped(s);
     }
   }
   return cudnn_fallback(why, "attention_forward");
@@ -569,7 +584,7 @@ bool CudaBackend::cudnn_attention_forward(const ops::AttentionDims& d, const Ten
 bool CudaBackend::cudnn_attention_backward(const ops::AttentionDims& d, const Tensor& dout, const Tensor& qkv,
                                            const Tensor& out, const Tensor& lse, Tensor& dqkv) {
   if (cudnn_skipped(qkv.dtype())) return false;
-  const cuda::SdpaShape s{d.B, d.T, d.H, d.D, qkv.dtype()};
+  const cuda::SdpaShape s{d.B, d.T, d.H, d.G, d.D, qkv.dtype()};
   std::string why = cudnn_blocker(s, true, {&out, &dout, &dqkv});
   if (why.empty()) {
     try {
@@ -578,7 +593,7 @@ bool CudaBackend::cudnn_attention_backward(const ops::AttentionDims& d, const Te
       a.backward(s, qkv.raw(), out.raw(), dout.raw(), lse.f32(), dqkv.raw(), workspace.raw());
       return true;
     } catch (const cuda::CudnnUnsupported& e) {
-      why = e.what();
+      why = e.what() + grouped(s);
     }
   }
   return cudnn_fallback(why, "attention_backward");

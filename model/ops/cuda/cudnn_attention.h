@@ -1,7 +1,10 @@
 // Causal scaled-dot-product attention on cuDNN's fused flash-attention engines, through cuDNN 9's graph
 // (backend) API directly: the operation graphs cudnn-frontend builds for its SDPA nodes (matmul,
 // pointwise, reduction and reshape operations that the runtime fuses into one kernel), with RAII
-// descriptors and execution plans cached per shape. Q, K and V are read by strides from the packed qkv
+// descriptors and execution plans cached per shape. Grouped-query attention (fewer key/value heads than
+// query heads) is described as cudnn-frontend describes it: K and V with G heads, which the products
+// broadcast over each group's query heads, and in backward dK and dV formed per query head and summed
+// over each group by a reduction. Q, K and V are read by strides from the packed qkv
 // rows, the output and the gradients are written by strides into their rows, and the statistics are the
 // fused-attention contract's log-sum-exp [B, H, T] (model/ops/backend.h). bf16 and fp16 only, head dim a
 // multiple of 8 (at most 128, or 256 on Hopper), Ampere or newer. CudaBackend's attention ops use it when
@@ -27,8 +30,9 @@ class CudnnUnsupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// H query heads sharing G key/value heads (G divides H; G == H is multi-head attention).
 struct SdpaShape {
-  int64_t B = 0, T = 0, H = 0, D = 0;
+  int64_t B = 0, T = 0, H = 0, G = 0, D = 0;
   DType dtype = DType::BF16;
 };
 
@@ -55,7 +59,7 @@ class CudnnAttention {
   struct Plan;
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
   Plan& plan(const SdpaShape& s, bool backward);
   void* handle_ = nullptr;  // cudnnHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
