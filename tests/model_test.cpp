@@ -34,15 +34,33 @@ ModelSpec tiny_spec() {
   return s;
 }
 
+// The same size with every Llama-style variant: rotary positions, RMSNorm, SwiGLU, two query groups for
+// four heads, an untied output layer and no biases on the linears.
+ModelSpec tiny_llama_spec() {
+  ModelSpec s = tiny_spec();
+  s.hidden = 16;
+  s.heads = 4;
+  s.num_query_groups = 2;
+  s.ffn = 12;
+  s.position = PositionEmbedding::Rope;
+  s.rotary_base = 500;  // angles that differ clearly over 5 positions
+  s.normalization = Normalization::RMSNorm;
+  s.swiglu = true;
+  s.untie_embeddings = true;
+  s.add_bias_linear = false;
+  return s;
+}
+
 struct TinyModel {
   std::unique_ptr<Backend> be = make_backend("cpu");
   SelfCommunicator tp{"tp"};
-  ModelSpec spec = tiny_spec();
-  ModelChunk chunk{spec, 0, spec.num_layers, true, true};
+  ModelSpec spec;
+  ModelChunk chunk;
   Microbatch batch;
   std::vector<int32_t> tokens;  // [B, T+1]
 
-  explicit TinyModel(int64_t B = 3, uint64_t seed = 7) {
+  explicit TinyModel(int64_t B = 3, uint64_t seed = 7, const ModelSpec& model = tiny_spec())
+      : spec(model), chunk(spec, 0, spec.num_layers, true, true) {
     chunk.allocate_and_init(*be, seed);
     std::mt19937 rng(seed);
     tokens.resize(B * (spec.seq_length + 1));
@@ -95,8 +113,8 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& ref) {
 
 }  // namespace
 
-TEST(ModelGradients, MatchFiniteDifferences) {
-  TinyModel m;
+void expect_gradients_match_finite_differences(const ModelSpec& spec) {
+  TinyModel m(3, 7, spec);
   m.loss(true);
   std::mt19937 rng(3);
   for (auto& p : m.chunk.params().params()) {
@@ -127,22 +145,30 @@ TEST(ModelGradients, MatchFiniteDifferences) {
   }
 }
 
+TEST(ModelGradients, MatchFiniteDifferences) { expect_gradients_match_finite_differences(tiny_spec()); }
+TEST(ModelGradients, LlamaVariantsMatchFiniteDifferences) { expect_gradients_match_finite_differences(tiny_llama_spec()); }
+
 #ifndef GPT_SOURCE_DIR
 #define GPT_SOURCE_DIR "."
 #endif
 
-TEST(ModelGradients, MatchPyTorch) {
-  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "python3 not installed";
-  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) GTEST_SKIP() << "python3-torch not installed";
-  TinyModel m(4, 11);
+void expect_gradients_match_pytorch(const ModelSpec& spec, const std::string& tag) {
+  TinyModel m(4, 11, spec);
   double loss = m.loss(true);
-  fs::path dir = fs::temp_directory_path() / ("gpt_torch_ref_" + std::to_string(::getpid()));
+  fs::path dir = fs::temp_directory_path() / ("gpt_torch_ref_" + tag + "_" + std::to_string(::getpid()));
   fs::create_directories(dir / "in");
   std::ostringstream man;
   man << "{\"config\": {\"num_layers\": " << m.spec.num_layers << ", \"hidden_size\": " << m.spec.hidden
       << ", \"num_heads\": " << m.spec.heads << ", \"ffn_hidden_size\": " << m.spec.ffn
       << ", \"seq_length\": " << m.spec.seq_length << ", \"vocab_size\": " << m.spec.vocab_size
-      << ", \"padded_vocab_size\": " << m.spec.padded_vocab() << "}, \"tensors\": [";
+      << ", \"padded_vocab_size\": " << m.spec.padded_vocab() << ", \"layernorm_eps\": " << m.spec.eps
+      << ", \"position_embedding_type\": \"" << position_embedding_name(m.spec.position)
+      << "\", \"rotary_base\": " << m.spec.rotary_base << ", \"rotary_percent\": " << m.spec.rotary_percent
+      << ", \"normalization\": \"" << normalization_name(m.spec.normalization)
+      << "\", \"swiglu\": " << (m.spec.swiglu ? "true" : "false")
+      << ", \"num_query_groups\": " << m.spec.num_query_groups
+      << ", \"untie_embeddings_and_output_weights\": " << (m.spec.untie_embeddings ? "true" : "false")
+      << ", \"add_bias_linear\": " << (m.spec.add_bias_linear ? "true" : "false") << "}, \"tensors\": [";
   bool first = true;
   for (auto& p : m.chunk.params().params()) {
     auto w = m.host(p->value);
@@ -176,6 +202,28 @@ TEST(ModelGradients, MatchPyTorch) {
     EXPECT_LE(rel_err(ours, ref), 1e-5) << p->name;
   }
   fs::remove_all(dir);
+}
+
+bool have_torch() {
+  return fs::exists("/usr/bin/python3") && std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0;
+}
+
+TEST(ModelGradients, MatchPyTorch) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch not installed";
+  expect_gradients_match_pytorch(tiny_spec(), "gpt");
+}
+
+// Loss and every gradient of the Llama-shaped model against the PyTorch float64 reference, within 1e-5.
+TEST(ModelGradients, LlamaVariantsMatchPyTorch) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch not installed";
+  expect_gradients_match_pytorch(tiny_llama_spec(), "llama");
+  ModelSpec partial = tiny_llama_spec();  // half of each head rotates; LayerNorm with biases, tied
+  partial.hidden = 32;
+  partial.rotary_percent = 0.5;
+  partial.normalization = Normalization::LayerNorm;
+  partial.add_bias_linear = true;
+  partial.untie_embeddings = false;
+  expect_gradients_match_pytorch(partial, "partial_rope");
 }
 
 TEST(Training, MemorizesRepeatingPattern) {
