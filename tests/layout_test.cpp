@@ -1,4 +1,5 @@
-// The numerical contract of the parallel engine, on 8 ranks: training the same tiny model for 12 steps
+// The numerical contract of the parallel engine, on 8 ranks: training the same tiny model (GPT-2 shaped,
+// and Llama shaped: rope, RMSNorm, SwiGLU, grouped-query attention, untied, no biases) for 12 steps
 // under different (tensor, pipeline, data) layouts gives the per-step losses, eval loss and final global
 // weights of the single-process run in the same dtype (fp32, bf16 and fp16), within tolerances argued at
 // `tolerance` below, and bit-identical where only the pipeline layout changes. The references (1,1,1) run
@@ -17,7 +18,9 @@ using namespace gpt;
 
 namespace {
 
-Config tiny_config(const std::string& dtype) {
+// `llama`: the same size with every Llama-style variant (rope, RMSNorm, SwiGLU, two query groups for four
+// heads, so one group per rank at tensor parallel 2, an untied output layer and no biases).
+Config tiny_config(const std::string& dtype, bool llama = false) {
   Config cfg;
   cfg.precision.dtype = dtype;
   cfg.model.num_layers = 8;  // divisible by pipeline 4 x virtual 2
@@ -34,6 +37,15 @@ Config tiny_config(const std::string& dtype) {
   cfg.optimizer.clip_grad = 1.0;
   cfg.logging.interval = 1000;
   cfg.data.synthetic = "pattern";
+  if (llama) {
+    cfg.model.position_embedding_type = "rope";
+    cfg.model.normalization = "RMSNorm";
+    cfg.model.swiglu = true;
+    cfg.model.ffn_hidden_size = 64;
+    cfg.model.num_query_groups = 2;
+    cfg.model.untie_embeddings_and_output_weights = true;
+    cfg.model.add_bias_linear = false;
+  }
   return cfg;
 }
 
@@ -61,12 +73,13 @@ RunResult run(const Config& cfg, ParallelState& ps) {
   return r;
 }
 
-const RunResult& reference(const std::string& dtype) {
+const RunResult& reference(const std::string& dtype, bool llama) {
   static std::map<std::string, RunResult> refs;
-  auto it = refs.find(dtype);
+  const std::string key = dtype + (llama ? " llama" : "");
+  auto it = refs.find(key);
   if (it == refs.end()) {
     ParallelState ps = single_process_state();
-    it = refs.emplace(dtype, run(tiny_config(dtype), ps)).first;
+    it = refs.emplace(key, run(tiny_config(dtype, llama), ps)).first;
   }
   return it->second;
 }
@@ -74,11 +87,13 @@ const RunResult& reference(const std::string& dtype) {
 struct Layout {
   int tp, pp, dp, vpp;
   bool zero1 = false, sequence_parallel = false;
+  std::string recompute = "none";
 };
 
 std::string name(const Layout& l) {
   return "tp" + std::to_string(l.tp) + "_pp" + std::to_string(l.pp) + "_dp" + std::to_string(l.dp) + "_vpp" +
-         std::to_string(l.vpp) + (l.zero1 ? "_zero1" : "") + (l.sequence_parallel ? "_sp" : "");
+         std::to_string(l.vpp) + (l.zero1 ? "_zero1" : "") + (l.sequence_parallel ? "_sp" : "") +
+         (l.recompute != "none" ? "_recompute_" + l.recompute : "");
 }
 
 // How far a layout may drift from the reference in one dtype (see the tolerances below).
@@ -89,16 +104,17 @@ struct Tolerance {
 
 // Runs the layout on every group of tp*pp*dp consecutive world ranks and compares with the reference run in
 // the same dtype.
-void check_layout(const Layout& l, const std::string& dtype, bool bit_identical, const Tolerance& tol) {
+void check_layout(const Layout& l, const std::string& dtype, bool llama, bool bit_identical, const Tolerance& tol) {
   int world_rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int size = l.tp * l.pp * l.dp;
   ASSERT_EQ(world % size, 0) << "run with a world size divisible by " << size;
-  const RunResult& ref = reference(dtype);
-  const std::string what = name(l) + " " + dtype;
+  const RunResult& ref = reference(dtype, llama);
+  const std::string what = name(l) + " " + dtype + (llama ? " llama" : "");
 
-  Config cfg = tiny_config(dtype);
+  Config cfg = tiny_config(dtype, llama);
+  cfg.training.recompute = l.recompute;
   cfg.parallel.tensor = l.tp;
   cfg.parallel.pipeline = l.pp;
   cfg.parallel.data = l.dp;
@@ -137,8 +153,8 @@ void check_layout(const Layout& l, const std::string& dtype, bool bit_identical,
     ASSERT_EQ(nm, ref.weights[k].first);
     // The padded vocabulary depends on tp (a multiple of 128 x tp); rows past the real vocabulary are
     // padding that no token reaches, so only the real rows are compared.
-    const size_t n = nm == "embedding.word_embeddings.weight" ? size_t(cfg.model.vocab_size * cfg.model.hidden_size)
-                                                             : rw.size();
+    const bool vocab_rows = nm == "embedding.word_embeddings.weight" || nm == "output_layer.weight";
+    const size_t n = vocab_rows ? size_t(cfg.model.vocab_size * cfg.model.hidden_size) : rw.size();
     ASSERT_GE(w.size(), n);
     ASSERT_GE(rw.size(), n);
     // The key third of the fused qkv bias has an exactly zero true gradient (it shifts every score of a
@@ -184,15 +200,22 @@ Tolerance tolerance(const std::string& dtype) {
 
 class Layouts : public ::testing::TestWithParam<std::string> {
  protected:
+  virtual bool llama() const { return false; }
   void check(const Layout& l, bool bit_identical = false) {
-    check_layout(l, GetParam(), bit_identical, tolerance(GetParam()));
+    check_layout(l, GetParam(), llama(), bit_identical, tolerance(GetParam()));
   }
+};
+
+// The Llama-shaped model under the same layouts, and under recomputation.
+class LlamaLayouts : public Layouts {
+ protected:
+  bool llama() const override { return true; }
 };
 
 }  // namespace
 
 TEST_P(Layouts, ReferenceLearns) {
-  const RunResult& ref = reference(GetParam());
+  const RunResult& ref = reference(GetParam(), false);
   EXPECT_LT(ref.losses.back(), ref.losses.front());
   for (size_t i = 0; i < ref.skipped.size(); ++i) EXPECT_FALSE(ref.skipped[i]) << "step " << i + 1;
 }
@@ -206,4 +229,21 @@ TEST_P(Layouts, Tensor2Pipeline2Data2SequenceParallel) { check({2, 2, 2, 1, fals
 TEST_P(Layouts, Tensor2Pipeline2Data2Zero1) { check({2, 2, 2, 1, true}); }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Layouts, ::testing::Values("fp32", "bf16", "fp16"),
+                         [](const auto& info) { return info.param; });
+
+TEST_P(LlamaLayouts, ReferenceLearns) {
+  const RunResult& ref = reference(GetParam(), true);
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (size_t i = 0; i < ref.skipped.size(); ++i) EXPECT_FALSE(ref.skipped[i]) << "step " << i + 1;
+}
+TEST_P(LlamaLayouts, Tensor2) { check({2, 1, 1, 1}); }
+TEST_P(LlamaLayouts, Pipeline4Interleaved2IsBitIdentical) { check({1, 4, 1, 2}, true); }
+TEST_P(LlamaLayouts, Data2Zero1) { check({1, 1, 2, 1, true}); }
+TEST_P(LlamaLayouts, Tensor2Pipeline2Data2Interleaved2) { check({2, 2, 2, 2}); }
+TEST_P(LlamaLayouts, Tensor2Pipeline2Data2SequenceParallelRecomputeSelective) {
+  check({2, 2, 2, 1, false, true, "selective"});
+}
+TEST_P(LlamaLayouts, Tensor2Pipeline2Data2Zero1RecomputeFull) { check({2, 2, 2, 1, true, false, "full"}); }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LlamaLayouts, ::testing::Values("fp32", "bf16", "fp16"),
                          [](const auto& info) { return info.param; });
