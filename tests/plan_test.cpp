@@ -158,10 +158,11 @@ TEST(PlannerMegatron, SendBuffersDoNotGrowWithTheMicrobatches) {
   }
 }
 
-// GPT-NeoX-20B (hidden 6144, 64 heads, 44 layers, sequence 2048, vocabulary 50432), the width of the
-// 18.4B row above, was trained with TP 2, PP 4 on 96 A100 40 GB GPUs: ZeRO-1, full recomputation, fp16,
-// global batch 1536 (GPT-NeoX's configs/20B.yml). The planner ranks that (t, p, d) among its top 3, and
-// every TP 8 choice, the 2021 rule of thumb, below it.
+// GPT-NeoX-20B (hidden 6144, 64 heads, 44 layers, sequence 2048, vocabulary 50432, rotary encoding of a
+// quarter of each head, untied output layer; its parallel attention and MLP modelled as sequential), the
+// width of the 18.4B row above, was trained with TP 2, PP 4 on 96 A100 40 GB GPUs: ZeRO-1, full
+// recomputation, fp16, global batch 1536 (GPT-NeoX's configs/20B.yml). The planner ranks that (t, p, d)
+// among its top 3, and every TP 8 choice, the 2021 rule of thumb, below it.
 TEST(PlannerPublishedLayouts, GptNeoX20B) {
   HardwareSpec a100_40g = *builtin_hardware("a100-80g");
   a100_40g.name = "a100-40g";
@@ -173,7 +174,11 @@ TEST(PlannerPublishedLayouts, GptNeoX20B) {
   o.dtype = DType::F16;
   o.send_buffers = SendBuffers::FreedOnDelivery;
   o.grads_in_compute_dtype = true;
-  const Plan plan = make_plan(ModelDescription{44, 6144, 64, 4 * 6144, 2048, 50432, 128}, 1536, a100_40g, o);
+  ModelDescription neox{44, 6144, 64, 4 * 6144, 2048, 50432, 128};
+  neox.position = PositionEmbedding::Rope;
+  neox.rotary_percent = 0.25;
+  neox.untie_embeddings = true;
+  const Plan plan = make_plan(neox, 1536, a100_40g, o);
   std::vector<std::tuple<int, int, int>> order;  // distinct fitting (t, p, d), best first
   for (const PlanEntry& e : plan.layouts) {
     if (!e.fits) break;
