@@ -8,8 +8,8 @@
 // core's two products over all s keys (s/h), the MLP (g f/h); once: the logits (an untied output layer
 // costs what the tied head does). Norms, biases, rotary encoding and element-wise work are not counted.
 // For the GPT-2/GPT-3 layout (G = H, GELU, f = 4h) this is Narayanan et al. 2021, eq. 3:
-// 72 B s l h^2 (1 + s/6h + V/12lh). Megatron-LM since 2025 halves the attention core for the causal mask;
-// this keeps eq. 3's count, the one published MFU figures and parallel/time_model.h use.
+// 72 B s l h^2 (1 + s/6h + V/12lh). Newer Megatron-LM halves the attention core for the causal mask;
+// this keeps eq. 3's count, the one parallel/time_model.h and the planner's published checks use.
 #pragma once
 #include <cstdint>
 
