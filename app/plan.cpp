@@ -187,6 +187,21 @@ bool same_layout(const LayoutSpec& a, const LayoutSpec& b) {
          a.recompute == b.recompute && a.distributed_optimizer == b.distributed_optimizer;
 }
 
+// The variant choices that differ from the GPT layout: "; rope, RMSNorm, SwiGLU, 8 query groups, untied
+// output layer, no linear biases" (empty for GPT).
+std::string variant_summary(const ModelDescription& m) {
+  std::vector<std::string> parts;
+  if (m.position != PositionEmbedding::LearnedAbsolute) parts.push_back(position_embedding_name(m.position));
+  if (m.normalization != Normalization::LayerNorm) parts.push_back(normalization_name(m.normalization));
+  if (m.swiglu) parts.push_back("SwiGLU");
+  if (m.query_groups() != m.heads) parts.push_back(fmt::format("{} query groups", m.query_groups()));
+  if (m.untie_embeddings) parts.push_back("untied output layer");
+  if (!m.add_bias_linear) parts.push_back("no linear biases");
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "; " : ", ") + p;
+  return out;
+}
+
 void print_plan(const Plan& plan, const Config& cfg, const ModelDescription& m, int top) {
   const HardwareSpec& hw = plan.hardware;
   int64_t params = 0;
@@ -194,8 +209,9 @@ void print_plan(const Plan& plan, const Config& cfg, const ModelDescription& m, 
   int fitting = 0;
   for (const PlanEntry& e : plan.layouts) fitting += e.fits;
   std::cout << fmt::format(
-      "model: {:.3f}B parameters ({} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}), global batch {}, {}\n",
-      params / 1e9, m.num_layers, m.hidden, m.heads, m.ffn, m.seq_length, m.vocab_size, cfg.training.global_batch_size,
+      "model: {:.3f}B parameters ({} layers, hidden {}, {} heads, ffn {}, seq {}, vocab {}{}), global batch {}, {}\n",
+      params / 1e9, m.num_layers, m.hidden, m.heads, m.ffn, m.seq_length, m.vocab_size, variant_summary(m),
+      cfg.training.global_batch_size,
       cfg.precision.dtype);
   std::cout << fmt::format("hardware: {} ({}); {} devices, {} per node, {:.1f} GiB usable per device\n", hw.name,
                            hw.description, plan.options.devices, hw.devices_per_node, hw.usable_memory_bytes() / GiB);
@@ -258,6 +274,12 @@ void print_json(const Plan& plan, const ModelDescription& m, int64_t global_batc
   out["usable_memory_bytes"] = std::llround(plan.hardware.usable_memory_bytes());
   out["model"] = {{"num_layers", m.num_layers}, {"hidden_size", m.hidden},     {"num_heads", m.heads},
                   {"ffn_hidden_size", m.ffn},   {"seq_length", m.seq_length}, {"vocab_size", m.vocab_size},
+                  {"position_embedding_type", position_embedding_name(m.position)},
+                  {"normalization", normalization_name(m.normalization)},
+                  {"swiglu", m.swiglu},
+                  {"num_query_groups", m.query_groups()},
+                  {"untie_embeddings_and_output_weights", m.untie_embeddings},
+                  {"add_bias_linear", m.add_bias_linear},
                   {"global_batch_size", global_batch}};
   out["layouts"] = nlohmann::ordered_json::array();
   for (const PlanEntry& e : plan.layouts) out["layouts"].push_back(entry_json(e));

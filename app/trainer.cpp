@@ -258,8 +258,7 @@ void Trainer::log_interval(const StepStats& last) {
   it.loss_scale = last.loss_scale;
   it.grad_norm = last.grad_norm;
   it.tokens_per_s = double(cfg_.training.global_batch_size) * double(cfg_.model.seq_length) / sec;
-  double flops = model_flops_per_iteration(cfg_.training.global_batch_size, cfg_.model.seq_length,
-                                           cfg_.model.num_layers, cfg_.model.hidden_size, spec_.padded_vocab());
+  double flops = model_flops_per_iteration(spec_, cfg_.training.global_batch_size, spec_.padded_vocab());
   it.tflops_per_device = flops / sec / 1e12 / ps_.layout.world();
   it.mfu = cfg_.logging.peak_tflops > 0 ? it.tflops_per_device / cfg_.logging.peak_tflops : -1;
   // Memory of the fullest rank (every rank takes part in this reduction at the same iterations).

@@ -32,16 +32,18 @@ struct Ledger {
   void free(int64_t bytes) { live -= bytes; }
 };
 
-// Sizes in bytes of the tensors one microbatch creates on one rank. N = micro_batch * seq rows.
+// Sizes in bytes of the tensors one microbatch creates on one rank, for this model's variant.
+// N = micro_batch * seq rows.
 struct TensorSizes {
   bool sp = false;
   int64_t X = 0;      // [rows outside the tp region, h] compute dtype (the residual stream)
   int64_t Xf = 0;     // [N, h] compute dtype (full rows, inside the tp region)
-  int64_t qkv = 0;    // [N, 3h/tp]
+  int64_t qkv = 0;    // [N, (heads + 2 groups) head_dim / tp]: queries, keys and values of the local heads
   int64_t att = 0;    // [N, h/tp]
   int64_t lse = 0;    // attention's softmax statistics [B, heads/tp, T] fp32
-  int64_t ffn = 0;    // [N, ffn/tp]
-  int64_t stats = 0;  // one layernorm's mean and rstd, fp32 [rows outside]
+  int64_t fc1 = 0;    // [N, ffn/tp], or [N, 2 ffn/tp] for SwiGLU's gate | up (also its gradient dfc1)
+  int64_t act = 0;    // [N, ffn/tp] (also its gradient dact)
+  int64_t stats = 0;  // one norm's statistics, fp32 [rows outside]: mean and rstd (LayerNorm) or rstd (RMSNorm)
   int64_t logits = 0; // [N, padded vocab / tp] fp32
   int64_t dlogits = 0; // their gradient when it is a tensor of its own: bf16 weights (else 0: in place)
   int64_t row = 0;    // [N] fp32
@@ -50,8 +52,8 @@ struct TensorSizes {
   int64_t sp_Xf() const { return sp ? Xf : 0; }
   // What a block's cache keeps after forward, besides its input (which is the previous block's output).
   int64_t block_saved(Recompute r) const {
-    int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + lse + 2 * ffn;
-    if (r == Recompute::Selective) return all - ffn;  // the GELU output
+    int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + lse + fc1 + act;
+    if (r == Recompute::Selective) return all - act;  // the activation's output
     if (r == Recompute::Full) return 0;
     return all;
   }
@@ -65,11 +67,12 @@ TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   const int64_t rows = s.sp ? N / l.tp : N;
   s.X = rows * m.hidden * d;
   s.Xf = N * m.hidden * d;
-  s.qkv = N * 3 * m.hidden / l.tp * d;
-  s.att = N * m.hidden / l.tp * d;
+  s.qkv = N * (m.qkv_width() / l.tp) * d;
+  s.att = N * (m.heads / l.tp) * m.head_dim() * d;
   s.lse = 4 * l.micro_batch * (m.heads / l.tp) * m.seq_length;
-  s.ffn = N * m.ffn / l.tp * d;
-  s.stats = 2 * rows * 4;
+  s.fc1 = N * (m.fc1_width() / l.tp) * d;
+  s.act = N * (m.ffn / l.tp) * d;
+  s.stats = (m.normalization == Normalization::LayerNorm ? 2 : 1) * rows * 4;
   s.logits = 4 * N * (m.padded_vocab(l.tp) / l.tp);
   if (l.dtype == DType::BF16) s.dlogits = 2 * N * (m.padded_vocab(l.tp) / l.tp);
   s.row = 4 * N;
@@ -84,7 +87,7 @@ void block_forward(Ledger& L, const TensorSizes& s, Recompute r) {
   L.alloc(s.Xf), L.alloc(s.sp_X());                    // proj partial sums, attention output
   L.alloc(s.X);                                        // h
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
-  L.alloc(s.ffn), L.alloc(s.ffn);                      // fc1, act
+  L.alloc(s.fc1), L.alloc(s.act);                      // fc1, act
   L.alloc(s.Xf), L.alloc(s.sp_X());                    // fc2 partial sums, MLP output
   L.alloc(s.X);                                        // out
   L.free(s.block_saved(Recompute::None) - s.block_saved(r));
@@ -98,20 +101,20 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
     block_forward(L, s, Recompute::None);  // reruns forward into the cache; its output is dropped at once
     L.free(s.X);
   } else if (r == Recompute::Selective) {
-    L.alloc(s.ffn);                        // the GELU output, recomputed
+    L.alloc(s.act);                        // the activation's output, recomputed
   }
   L.alloc(s.sp_Xf());                      // dout gathered
-  L.alloc(s.ffn), L.alloc(s.ffn);          // dact, dfc1
+  L.alloc(s.act), L.alloc(s.fc1);          // dact, dfc1
   L.alloc(s.Xf), L.alloc(s.sp_X());        // dln2_full, dln2
   L.alloc(s.X);                            // dh
-  L.free(2 * s.ffn + s.X + s.sp_Xf());     // act, fc1, ln2, ln2_full
+  L.free(s.act + s.fc1 + s.X + s.sp_Xf());  // act, fc1, ln2, ln2_full
   L.alloc(s.sp_Xf());                      // dh gathered
   L.alloc(s.att), L.alloc(s.qkv);          // datt, dqkv
   L.free(s.lse + s.att);
   L.alloc(s.Xf), L.alloc(s.sp_X());        // dln1_full, dln1
   L.alloc(s.X);                            // dx
   L.free(3 * s.X + s.sp_Xf() + s.qkv + 2 * s.stats);  // the rest of the cache: input, ln1, ln1_full, qkv, h
-  L.free(2 * s.sp_Xf() + 2 * s.ffn + 2 * s.Xf + 2 * s.sp_X() + s.X + s.att + s.qkv);  // the locals
+  L.free(2 * s.sp_Xf() + s.act + s.fc1 + 2 * s.Xf + 2 * s.sp_X() + s.X + s.att + s.qkv);  // the locals
 }
 
 struct ChunkShape {
@@ -203,6 +206,8 @@ void validate_layout(const ModelDescription& m, const LayoutSpec& l) {
   auto s = [](int64_t x) { return std::to_string(x); };
   require(l.tp >= 1 && l.pp >= 1 && l.vpp >= 1 && l.dp >= 1, "parallel degrees must be at least 1");
   require(m.heads % l.tp == 0, "num_heads (" + s(m.heads) + ") is not divisible by tensor (" + s(l.tp) + ")");
+  require(m.query_groups() % l.tp == 0, "num_query_groups (" + s(m.query_groups()) + ") is not divisible by tensor (" +
+                                            s(l.tp) + "): each rank holds whole key/value groups");
   require(m.hidden % m.heads == 0, "hidden_size (" + s(m.hidden) + ") is not divisible by num_heads (" + s(m.heads) + ")");
   require(m.ffn % l.tp == 0, "ffn_hidden_size (" + s(m.ffn) + ") is not divisible by tensor (" + s(l.tp) + ")");
   require(m.num_layers % (l.pp * l.vpp) == 0, "num_layers (" + s(m.num_layers) + ") is not divisible by pipeline x virtual (" +
@@ -267,7 +272,9 @@ MemoryEstimate estimate_memory(const ModelDescription& m, const LayoutSpec& l, i
     else if (g != 4) fp32_grad_copies += covered * 4;  // the optimizer step's fp32 copies of 16-bit gradients
   }
   optimizer_transient = std::max(optimizer_transient, fp32_grad_copies);
-  if (l.pp == 1) e.grads += m.padded_vocab(l.tp) / l.tp * m.hidden * g;  // LM head's own gradient of the tied table
+  // The LM head's own gradient of the tied table when one stage holds both ends (an untied output layer
+  // accumulates into its own gradient buffer).
+  if (l.pp == 1 && !m.untie_embeddings) e.grads += m.padded_vocab(l.tp) / l.tp * m.hidden * g;
 
   // Replay this rank's schedule: per pass, peak = live + the pass's own peak; then apply its net effect.
   const TensorSizes s = tensor_sizes(m, l);
@@ -321,7 +328,10 @@ MemoryEstimate estimate_memory(const ModelDescription& m, const LayoutSpec& l, i
       --held;
     }
   }
-  e.activations = std::max(L.peak, optimizer_transient);
+  // The trainer's per-step sums (the loss and each parameter tensor's gradient square, F64 [1 + tensors
+  // of the whole model]) live beside all of it.
+  const int64_t step_sums = 8 * (1 + num_global_params(m));
+  e.activations = step_sums + std::max(L.peak, optimizer_transient);
   return e;
 }
 
@@ -340,7 +350,7 @@ MemoryEstimate estimate_peak_memory(const ModelDescription& m, const LayoutSpec&
 
 int64_t largest_forward_tensor(const ModelDescription& m, const LayoutSpec& l) {
   const TensorSizes s = tensor_sizes(m, l);
-  return std::max(s.logits, s.ffn);
+  return std::max(s.logits, s.fc1);
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -1,29 +1,37 @@
-// Memory model: the bytes one rank holds during a training step, predicted from the model shape and the
-// parallel layout alone, for the start-up log, the planner's "does it fit" test and the check against the
-// CPU backend's exact allocation counters. It mirrors what this codebase allocates:
-//  - weights: each model chunk's flat value buffer in the compute dtype (padded to a multiple of dp);
+// Memory model: the bytes one rank holds during a training step, predicted from the model (its shape and
+// its variant: ModelDescription) and the parallel layout alone, for the start-up log, the planner's "does
+// it fit" test and the check against the CPU backend's exact allocation counters. It mirrors what this
+// codebase allocates for every variant the model has:
+//  - weights: each model chunk's flat value buffer in the compute dtype (padded to a multiple of dp), from
+//    model/param_count.h's exact counts: grouped-query qkv, GELU's two or SwiGLU's three MLP matrices,
+//    LayerNorm's or RMSNorm's parameters, biases or none, the position table only with learned positions,
+//    and on the last stage the untied output layer or the tied copy of the word embedding;
 //  - grads: the flat gradient buffer of each chunk (fp32 here; LayoutSpec::grad_dtype), plus the LM head's
-//    separate gradient of the tied embedding when one stage holds both ends (pipeline size 1);
+//    separate gradient of the tied embedding when one stage holds both ends (pipeline size 1, tied only);
 //  - optimizer: AdamW m and v in fp32, plus fp32 master weights when the compute dtype is not fp32, over
 //    this rank's shard of the buffers with the distributed optimizer (ZeRO-1) or all of them without;
 //  - activations: the peak, over the pipeline schedule of this rank, of everything a step allocates on
-//    top of that: per microbatch and layer the tensors BlockCache keeps (input, ln1, ln1_full, qkv, att,
-//    the attention statistics [B, H/tp, T] fp32, h, ln2, ln2_full, fc1, act, layernorm statistics) times the microbatches
+//    top of that: per microbatch and layer the tensors BlockCache keeps (input, ln1, ln1_full, qkv
+//    [N, (heads + 2 groups) head_dim / tp] after rotary encoding (in place), att, the attention statistics
+//    [B, H/tp, T] fp32, h, ln2, ln2_full, fc1 [N, ffn/tp] or SwiGLU's [N, 2 ffn/tp], act [N, ffn/tp], the
+//    norm statistics: mean and rstd for LayerNorm, rstd alone for RMSNorm) times the microbatches
 //    in flight (num_warmup_passes + 1 chunk passes for 1F1B), the transients of the pass being run (the
 //    LM head's logits [N, V/tp] fp32 (the gradient overwrites them, or with bf16 weights is a bf16 tensor of
 //    its own, the logits freed right after it is written) on the last stage, the gradients of one block in
-//    backward, the layer rebuilt by recomputation), the token batches of the first and last stage, and
-//    the pipeline send buffers, which the executor keeps until a received message proves their delivery
-//    (a few per stage, not one per microbatch); or, if larger, the
+//    backward (dfc1 as wide as fc1), the layer rebuilt by recomputation), the token batches of the first
+//    and last stage, and the pipeline send buffers, which the executor keeps until a received message
+//    proves their delivery (a few per stage, not one per microbatch); or, if larger, the
 //    optimizer step's transient (the distributed optimizer's reduce-scatter target; with 16-bit gradient
-//    buffers, as Megatron-LM has them, their fp32 copies).
+//    buffers, as Megatron-LM has them, their fp32 copies); plus the trainer's per-step sums (the loss and
+//    the gradient square of each parameter tensor, F64: a few hundred bytes).
 // Attention is fused: no [B, H, T, T] tensor exists (the backends' per-thread attention scratch is not a
-// tensor and is not counted). Recomputation (model/transformer_block.h): selective drops the GELU output
-// (recomputed from fc1's output), full keeps only each block's input and reruns the block before its
-// backward.
-// The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp,
-// model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline_executor.cpp; a change there needs the
-// same change here (tests/memory_model_test.cpp compares the two on real runs).
+// tensor and is not counted). Recomputation (model/transformer_block.h): selective drops the activation's
+// output (GELU or SwiGLU, recomputed from fc1's output), full keeps only each block's input and reruns the
+// block before its backward.
+// The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp, model/norm.cpp,
+// model/mlp_activation.cpp, model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline_executor.cpp; a
+// change there needs the same change here (tests/memory_model_test.cpp compares the two on real runs, GPT
+// and Llama-shaped models).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -93,16 +101,16 @@ struct MemoryEstimate {
 };
 
 // Throws std::invalid_argument naming the rule when the layout cannot run this model (the same rules the
-// trainer enforces: divisibility of heads, hidden, ffn and layers, the batch split, the interleaved
-// schedule's constraints).
+// trainer enforces: divisibility of heads, query groups, hidden, ffn and layers, the batch split, the
+// interleaved schedule's constraints).
 void validate_layout(const ModelDescription& model, const LayoutSpec& layout);
 // The prediction for pipeline rank `pp_rank`, and for the rank that holds the most.
 MemoryEstimate estimate_memory(const ModelDescription& model, const LayoutSpec& layout, int pp_rank,
                                SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
 MemoryEstimate estimate_peak_memory(const ModelDescription& model, const LayoutSpec& layout,
                                     SendBuffers sends = SendBuffers::ReleasedWhenKnownReceived);
-// The largest single tensor a forward pass allocates: the fp32 logits [N, V/tp] or the attention
-// probabilities [B, heads/tp, T, T] of one microbatch. A lower bound for evaluation, which keeps nothing
+// The largest single tensor a forward pass allocates: the fp32 logits [N, V/tp] or the first MLP linear's
+// output [N, fc1 width / tp] of one microbatch. A lower bound for evaluation, which keeps nothing
 // for a backward pass.
 int64_t largest_forward_tensor(const ModelDescription& model, const LayoutSpec& layout);
 

@@ -36,6 +36,9 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
       why = "tensor " + s(tp) + " would cross nodes (" + s(G) + " devices per node): keep tensor parallelism inside a node";
     else if (m.heads % tp)
       why = "num_heads " + s(m.heads) + " is not divisible by tensor " + s(tp);
+    else if (m.query_groups() % tp)
+      why = "num_query_groups " + s(m.query_groups()) + " is not divisible by tensor " + s(tp) +
+            ": each rank holds whole key/value groups";
     else if (m.ffn % tp)
       why = "ffn_hidden_size " + s(m.ffn) + " is not divisible by tensor " + s(tp);
     if (!why.empty()) {

@@ -4,8 +4,9 @@
 // (parallel/time_model.h, on a hardware description from parallel/hardware.h, with the communication
 // overlaps of parallel/overlap.h that apply to the layout), and ranks them.
 // Ranks are placed in Megatron's order (rank = tp + TP * (dp + DP * pp)), devices_per_node per node.
-// TFLOP/s per device counts the FLOPs of Megatron's formula (Narayanan et al. 2021, eq. 3) including the
-// recomputed forward passes: 72 (none) or 96 (full) B s l h^2 (1 + s/6h + ...) for ffn = 4h.
+// TFLOP/s per device counts the FLOPs of Megatron's formula (Narayanan et al. 2021, eq. 3; for every
+// variant app/flops.h's form with query groups and SwiGLU's three matrices) including the recomputed
+// forward passes: 72 (none) or 96 (full) B s l h^2 (1 + s/6h + ...) for the GPT layout.
 #pragma once
 #include <optional>
 #include <string>

@@ -71,6 +71,7 @@ Rates rates_for(const HardwareSpec& hw, DType dtype) {
 // One product C[m, n] = A[m, k] . B[k, n] as a roofline.
 struct Gemm {
   double m = 0, n = 0, k = 0, efficiency = 0, seconds = 0;
+  double flops() const { return 2 * m * n * k; }
   std::string str() const { return fmt::format("{:.0f}x{:.0f}x{:.0f} at {:.0f}%", m, n, k, 100 * efficiency); }
 };
 
@@ -85,6 +86,7 @@ struct Linear {
   Gemm fprop, dgrad, wgrad;
   double forward() const { return fprop.seconds; }
   double backward() const { return dgrad.seconds + wgrad.seconds; }
+  double flops() const { return fprop.flops() + dgrad.flops() + wgrad.flops(); }
   std::string str() const {
     return "forward " + fprop.str() + ", input gradient " + dgrad.str() + ", weight gradient " + wgrad.str();
   }
@@ -121,6 +123,7 @@ struct LayerCosts {
   double elementwise_fwd = 0, elementwise_bwd = 0;
   double recompute = 0;  // added to the backward: full reruns the forward, selective one piece of it
   std::vector<Collective> tp;  // forward, backward and recompute collectives in order
+  double gemm_flops = 0;       // of the four linears, forward and backward, the recomputed forward included
   double gemms_fwd() const { return qkv.forward() + proj.forward() + fc1.forward() + fc2.forward(); }
   double fwd() const { return gemms_fwd() + attention_fwd + elementwise_fwd; }
   double bwd() const {
@@ -147,14 +150,19 @@ struct LayerCosts {
 LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
   const double t = l.tp, b = static_cast<double>(l.micro_batch), s = static_cast<double>(m.seq_length);
   const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
+  const double D = static_cast<double>(m.head_dim()), H = static_cast<double>(m.heads);
+  const double G = static_cast<double>(m.query_groups());
+  const double qkv_width = static_cast<double>(m.qkv_width()), fc1_width = static_cast<double>(m.fc1_width());
   const double N = b * s;
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double rows = sp ? N / t : N;
   const double X = rows * h * r.dsize, Xf = N * h * r.dsize, F = N * f / t * r.dsize;
+  const double F1 = N * fc1_width / t * r.dsize;  // fc1's output: [gate | up] for SwiGLU
   LayerCosts c;
-  c.qkv = linear(N, h, 3 * h / t, r);
-  c.proj = linear(N, h / t, h, r);
-  c.fc1 = linear(N, h, f / t, r);
+  // q | k | v: H query heads and G key/value groups of width D; the MLP's first matrix is 2f wide for SwiGLU.
+  c.qkv = linear(N, h, qkv_width / t, r);
+  c.proj = linear(N, H * D / t, h, r);
+  c.fc1 = linear(N, h, fc1_width / t, r);
   c.fc2 = linear(N, f / t, h, r);
   // QK^T and PV for the local heads. Fused, q, k, v and the output cross memory once, and the backward
   // recomputes QK^T (5 products to the forward's 2). Materialised (Megatron-LM's 2021 attention,
@@ -165,8 +173,8 @@ LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const Har
   // the mask and writes the probabilities' gradient, the softmax backward reads it and the probabilities
   // and writes the scores' gradient, which the two products of QK^T's backward read, and PV's weight
   // gradient reads the dropped probabilities again (9 d + 1 bytes).
-  const double qkvo = 4 * N * h / t * r.dsize;
-  const double core_flops = 4 * b * s * s * h / t;
+  const double qkvo = N * (qkv_width + H * D) / t * r.dsize;
+  const double core_flops = 4 * b * s * s * H * D / t;
   if (l.materialized_attention) {
     const double scores = b * (static_cast<double>(m.heads) / t) * s * s;
     c.attention_fwd = std::max(core_flops / r.attention, (scores * (6 * r.dsize + 1) + qkvo) / r.memory);
@@ -175,12 +183,20 @@ LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const Har
     c.attention_fwd = std::max(core_flops / r.attention, qkvo / r.memory);
     c.attention_bwd = 2.5 * c.attention_fwd;
   }
-  // ln1 and ln2 (read, write), two residual adds (2 reads, 1 write), GELU (read, write); backward twice.
-  c.elementwise_fwd = (10 * X + 2 * F) / r.memory;
+  // ln1 and ln2 (read, write; LayerNorm and RMSNorm alike), two residual adds (2 reads, 1 write), the
+  // activation (GELU reads fc1 and writes act; SwiGLU reads the gate and the up halves), the rotary
+  // encoding in place on the rotated dims of q and k (read, write); backward twice.
+  const double rope = 2 * N * (H + G) * static_cast<double>(m.rotary_dims()) / t * r.dsize;
+  const double activation = F1 + F;
+  c.elementwise_fwd = (10 * X + activation + rope) / r.memory;
   c.elementwise_bwd = 2 * c.elementwise_fwd;
-  if (l.recompute == Recompute::Full) c.recompute = c.fwd();
-  if (l.recompute == Recompute::Selective)  // Megatron's: the attention core; this codebase's: the GELU output
-    c.recompute = l.materialized_attention ? c.attention_fwd : 2 * F / r.memory;
+  c.gemm_flops = c.qkv.flops() + c.proj.flops() + c.fc1.flops() + c.fc2.flops();
+  if (l.recompute == Recompute::Full) {
+    c.recompute = c.fwd();
+    c.gemm_flops += c.qkv.fprop.flops() + c.proj.fprop.flops() + c.fc1.fprop.flops() + c.fc2.fprop.flops();
+  }
+  if (l.recompute == Recompute::Selective)  // Megatron's: the attention core; this codebase's: the activation
+    c.recompute = l.materialized_attention ? c.attention_fwd : activation / r.memory;
 
   if (l.tp > 1) {
     const int per_node = std::min(l.tp, hw.devices_per_node);  // TP groups are consecutive ranks
@@ -235,6 +251,13 @@ EndCosts end_costs(const ModelDescription& m, const LayoutSpec& l, const Hardwar
   return e;
 }
 
+// What the element-wise line of the breakdown covers: "memory traffic of LayerNorm, GELU, residual adds",
+// "... of RMSNorm, SwiGLU, rotary encoding, residual adds".
+std::string elementwise_note(const ModelDescription& m) {
+  return fmt::format("memory traffic of {}, {}{}, residual adds", normalization_name(m.normalization),
+                     m.swiglu ? "SwiGLU" : "GELU", m.position == PositionEmbedding::Rope ? ", rotary encoding" : "");
+}
+
 int nodes_spanned(int ranks, int devices_per_node) { return (ranks + devices_per_node - 1) / devices_per_node; }
 
 // One pipeline rank's work for one microbatch (all its chunks).
@@ -258,11 +281,15 @@ struct StageDataParallel {
 
 double megatron_flops_per_step(const ModelDescription& m, const LayoutSpec& l) {
   const double s = static_cast<double>(m.seq_length), h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
-  const double layer_gemm = 2 * s * (4 * h * h + 2 * h * f), layer_attention = 4 * s * s * h;  // forward, per sample
+  const double q = static_cast<double>(m.heads * m.head_dim());  // query width
+  // Forward, per sample: q|k|v, proj, fc1 (two f-wide matrices for SwiGLU) and fc2; QK^T and PV.
+  const double widths = static_cast<double>(m.qkv_width() + m.fc1_width());
+  const double layer_gemm = 2 * s * h * widths + 2 * s * q * h + 2 * s * f * h;
+  const double layer_attention = 4 * s * s * q;
   double passes_gemm = 3, passes_attention = 3;  // forward + backward (2x)
   if (l.recompute == Recompute::Full) passes_gemm = passes_attention = 4;
   if (l.recompute == Recompute::Selective) passes_attention = 4;
-  const double head = 6 * s * h * static_cast<double>(m.padded_vocab(l.tp));
+  const double head = 6 * s * h * static_cast<double>(m.padded_vocab(l.tp));  // tied or untied alike
   return static_cast<double>(l.global_batch) *
          (static_cast<double>(m.num_layers) * (passes_gemm * layer_gemm + passes_attention * layer_attention) + head);
 }
@@ -377,7 +404,7 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   }
   const StageDataParallel& dpw = dps[dp_worst];
   double tied = 0;
-  if (p > 1) {  // tied word embedding: first and last stage, p * tp * dp ranks apart
+  if (p > 1 && !m.untie_embeddings) {  // tied word embedding: first and last stage, p * tp * dp ranks apart
     const double table = gsize * static_cast<double>(m.padded_vocab(l.tp) / l.tp * m.hidden);
     tied = collective_seconds(table, 2, nodes_spanned(l.tp * l.dp * p, G) > 1 ? 1 : 2, 2, hw);
   }
@@ -389,6 +416,9 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   e.dp_comm_hidden_s = dpw.grad_hidden + dpw.param_hidden;
   e.step_s = pipeline + e.dp_comm_s + e.optimizer_s;
   e.flops_per_step = megatron_flops_per_step(m, l);
+  // Every device's GEMMs of one step: tp ranks and dp replicas, all layers and microbatches.
+  e.gemm_flops_per_step = static_cast<double>(l.tp) * static_cast<double>(l.dp) * mbs *
+                          (static_cast<double>(m.num_layers) * layer.gemm_flops + ends.head.flops());
   e.tflops_per_device = e.flops_per_step / e.step_s / l.world() / 1e12;
 
   if (details) {
@@ -406,7 +436,8 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
     add("compute", "GEMM fc2", L * (layer.fc2.forward() + layer.fc2.backward()), layer.fc2.str());
     add("compute", "attention core", L * (layer.attention_fwd + layer.attention_bwd),
         l.materialized_attention ? "materialised scores, softmax and dropout" : "fused");
-    add("compute", "layernorms, GELU, residual adds", L * (layer.elementwise_fwd + layer.elementwise_bwd), "memory traffic");
+    add("compute", "norms, activation, residual adds", L * (layer.elementwise_fwd + layer.elementwise_bwd),
+        elementwise_note(m));
     add("compute", "recomputation", L * layer.recompute, recompute_name(l.recompute));
     add("compute", "embedding", worst.first ? mbs * (ends.embed_fwd + ends.embed_bwd) : 0, worst.first ? "" : "not on this stage");
     add("compute", "LM head and loss", worst.last ? mbs * ends.head_total : 0,
@@ -428,7 +459,8 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
     add("data parallel", "parameter all-gather", dpw.param, sharded ? "distributed optimizer" : "none");
     add("data parallel", "hidden under the first forward", dpw.param_hidden,
         ov.param_gather ? "param-gather overlap" : "no param-gather overlap");
-    add("data parallel", "tied embedding all-reduce", tied, p > 1 ? "first and last stage" : "one stage holds both");
+    add("data parallel", "tied embedding all-reduce", tied,
+        m.untie_embeddings ? "untied output layer" : p > 1 ? "first and last stage" : "one stage holds both");
     add("data parallel", "exposed", e.dp_comm_s,
         fmt::format("pipeline stage {}{}", dp_worst,
                     ov.grad_reduce || ov.param_gather ? "; what the passes cannot cover, plus their slowdown" : ""));

@@ -1,16 +1,20 @@
 // The planner's time model: the predicted step time of one layout on one hardware description, analytic
 // and per device, with the overlaps of LayoutSpec::overlaps (parallel/overlap.h).
 //  - compute: every GEMM (forward, input gradient and weight gradient products of qkv, proj, fc1, fc2 and
-//    the LM head, each at its own shape) as a roofline, max(flops / (peak x GEMM efficiency at that
-//    shape), bytes / achieved bandwidth); the attention core at attention_efficiency; layernorms, GELU,
-//    residual adds and the cross-entropy passes as memory traffic; recomputation adds its forward again;
+//    the LM head, each at its own shape for the model's variant: qkv (H + 2G) D / tp wide for H heads and
+//    G query groups of width D, fc1 2 ffn / tp wide for SwiGLU's gate and up, the untied output layer the
+//    same product as the tied head) as a roofline, max(flops / (peak x GEMM efficiency at that shape),
+//    bytes / achieved bandwidth); the attention core at attention_efficiency; the norms, the activation
+//    (GELU, or SwiGLU reading both halves), the rotary encoding, residual adds and the cross-entropy passes
+//    as memory traffic; recomputation adds its forward again;
 //  - tensor parallel: per layer 2 all-reduces of the residual stream in forward and 2 in backward (under
 //    sequence parallelism each an all-gather plus a reduce-scatter), 2 more for a full-recompute forward,
 //    as ring collectives over the node's links;
 //  - pipeline: m * S_max + (sum_r S_r - S_max) / v for the per-microbatch stage times S_r (Megatron's
 //    (m + (p - 1) / v) S for equal stages), with each stage's receives;
 //  - data parallel: the gradient all-reduce (or reduce-scatter + parameter all-gather with the distributed
-//    optimizer) as a hierarchical ring, the tied-embedding all-reduce, and the optimizer's memory traffic.
+//    optimizer) as a hierarchical ring, the tied-embedding all-reduce (none with an untied output layer),
+//    and the optimizer's memory traffic.
 // The overlap rule: a transfer that runs beside compute costs max(0, transfer - compute it runs under),
 // so each overlap hides at most the compute it runs under:
 //  - tp: each all-gather and reduce-scatter of a layer runs under the GEMM that Transformer Engine pairs it
@@ -47,6 +51,7 @@ struct TimeEstimate {
   double step_s = 0;
   double bubble_fraction = 0;  // idle / busy of the pipeline
   double flops_per_step = 0;   // Megatron's count, recomputation included
+  double gemm_flops_per_step = 0;  // of the GEMMs the model charges, over all devices (recomputation included)
   double tflops_per_device = 0;
 };
 
@@ -65,7 +70,9 @@ TimeEstimate estimate_time(const ModelDescription& model, const LayoutSpec& layo
 // The pipeline part of a step: m microbatches through stages taking stage_seconds[r] per microbatch
 // (all of a stage's chunks), v chunks per stage: m * max + (sum - max) / v.
 double pipeline_step_seconds(int64_t microbatches, int vpp, const std::vector<double>& stage_seconds);
-// FLOPs of one step as Megatron's formula counts them (recomputed forwards included).
+// FLOPs of one step as Megatron's formula counts them (recomputed forwards included), summed from the
+// variant's GEMM shapes: per layer and token 2 h ((H + 2G) D + H D + fc1 width) + 2 ffn h forward, the
+// attention core 4 s H D, the logits 2 h V; equal to app/flops.h's closed form without recomputation.
 double megatron_flops_per_step(const ModelDescription& model, const LayoutSpec& layout);
 // The same without recomputation: the model FLOPs of Megatron-LM's num_floating_point_operations
 // (megatron/training/training.py), which its MFU and per-GPU throughput figures use.

@@ -1,9 +1,11 @@
 // The memory model (parallel/memory_model.h) against the CPU backend's exact allocation counters: real
 // training runs of small models, 3 steps each, under recompute none / selective / full, fp32 and bf16,
-// one process and several (tensor, pipeline, data) layouts over MPI; the predicted peak bytes of each
-// rank must lie within 10% of the measured high-water mark (in practice they agree to a fraction of a
-// percent). Also: the static part alone against the buffers the trainer really allocated, and the
-// replayed schedule order against parallel/pipeline_schedule.h's tables.
+// one process and several (tensor, pipeline, data) layouts over MPI, for the GPT model and a Llama-shaped
+// one (rotary positions, RMSNorm, SwiGLU, grouped-query attention, untied output layer, no biases); the
+// predicted peak bytes of each rank must equal the measured high-water mark to the byte (within 10% on
+// the data-parallel ranks other than 0 of the distributed optimizer, whose shard may be smaller). Also:
+// the static part alone against the buffers the trainer really allocated, and the replayed schedule order
+// against parallel/pipeline_schedule.h's tables.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,6 +18,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/memory_model.h"
 #include "parallel/mpi_communicator.h"
+#include "tests/llama_variants.h"
 
 using namespace gpt;
 
@@ -38,6 +41,18 @@ Config small_config() {
   cfg.training.global_batch_size = 8;
   cfg.training.train_iters = 3;
   cfg.logging.interval = 1000;
+  return cfg;
+}
+
+// small_config as a Llama-shaped model: every variant that changes a shape or a buffer at once.
+Config llama_config() {
+  Config cfg = small_config();
+  cfg.model.position_embedding_type = "rope";
+  cfg.model.normalization = "RMSNorm";
+  cfg.model.swiglu = true;  // ffn 128: 2/3 of 4h rounded down to a multiple of 64
+  cfg.model.num_query_groups = 2;
+  cfg.model.untie_embeddings_and_output_weights = true;
+  cfg.model.add_bias_linear = false;
   return cfg;
 }
 
@@ -85,22 +100,37 @@ void check(const Config& cfg, ParallelState& ps, const std::string& what) {
   const double rel = double(e.total() - got.peak) / double(got.peak);
   std::printf("[rank %d] %-44s measured %10lld B  predicted %10lld B  (%+.3f%%)\n", world_rank(), what.c_str(),
               (long long)got.peak, (long long)e.total(), 100 * rel);
-  EXPECT_LT(std::abs(rel), 0.10) << what << ": measured " << got.peak << " predicted " << e.total();
+  if (ps.dp_rank() == 0 || !layout.distributed_optimizer) {
+    EXPECT_EQ(e.total(), got.peak) << what;
+  } else {
+    EXPECT_LT(std::abs(rel), 0.10) << what << ": measured " << got.peak << " predicted " << e.total();
+  }
 }
 
 }  // namespace
 
 // ---- one process (every rank runs these on its own, without MPI) ----
 
-TEST(MemoryModel, SingleProcessRecomputeAndDtypes) {
+namespace {
+
+// `base` in fp32 and bf16 under every recompute mode, on one process.
+void check_dtypes_and_recompute(const Config& base, const std::string& name) {
   for (const char* dtype : {"fp32", "bf16"})
     for (const char* recompute : {"none", "selective", "full"}) {
-      Config cfg = small_config();
+      Config cfg = base;
       cfg.precision.dtype = dtype;
       cfg.training.recompute = recompute;
       ParallelState ps = single_process_state();
-      check(cfg, ps, std::string("1x1x1 ") + dtype + " recompute=" + recompute);
+      check(cfg, ps, name + "1x1x1 " + dtype + " recompute=" + recompute);
     }
+}
+
+}  // namespace
+
+TEST(MemoryModel, SingleProcessRecomputeAndDtypes) { check_dtypes_and_recompute(small_config(), ""); }
+
+TEST(MemoryModel, LlamaShapeSingleProcessRecomputeAndDtypes) {
+  check_dtypes_and_recompute(llama_config(), "llama ");
 }
 
 TEST(MemoryModel, ConfigMShapeSingleProcess) {
@@ -133,6 +163,23 @@ TEST(MemoryModel, StaticBytesMatchParameterCounts) {
   EXPECT_EQ(sum, V * h + 32 * h + 8 * per_layer + 2 * h + V * h);
 }
 
+TEST(MemoryModel, LlamaStaticBytesMatchParameterCounts) {
+  // Grouped-query qkv, three MLP matrices, RMSNorm weights only, no biases, no position table; the untied
+  // output layer on the last stage and no tied copy of the word embedding.
+  const ModelDescription m = with_llama_variants({8, 64, 4, 128, 32, 500, 128}, 2);
+  LayoutSpec l;
+  l.pp = 4;
+  l.global_batch = 8;
+  const int64_t V = m.padded_vocab(1), h = 64, D = 16;
+  const int64_t per_layer = 2 * h + (4 + 2 * 2) * D * h + h * h + 2 * 128 * h + 128 * h;
+  EXPECT_EQ(chunk_parameter_counts(m, l, 0), std::vector<int64_t>{V * h + 2 * per_layer});
+  EXPECT_EQ(chunk_parameter_counts(m, l, 3), std::vector<int64_t>{2 * per_layer + h + V * h});
+  // At pipeline 1 the output layer has its own gradient in the flat buffer: no separate head gradient.
+  l.pp = 1;
+  const MemoryEstimate e = estimate_memory(m, l, 0);
+  EXPECT_EQ(e.grads, 4 * (2 * V * h + 8 * per_layer + h));
+}
+
 TEST(MemoryModel, ReplaysTheScheduleTablesInOrder) {
   for (int p = 1; p <= 6; ++p)
     for (int v = 1; v <= 3; ++v)
@@ -159,6 +206,15 @@ TEST(MemoryModel, RejectsImpossibleLayouts) {
   l.pp = 1;
   l.tp = 3;  // 4 heads
   EXPECT_THROW(estimate_memory(m, l, 0), std::invalid_argument);
+  m.num_query_groups = 2;
+  l.tp = 4;  // 4 heads but 2 key/value groups
+  try {
+    estimate_memory(m, l, 0);
+    ADD_FAILURE() << "tp 4 with 2 query groups was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_query_groups (2) is not divisible by tensor (4)"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- layouts over MPI: groups of consecutive world ranks ----
@@ -171,10 +227,11 @@ struct Case {
   const char* recompute = "none";
   const char* dtype = "fp32";
   int64_t global_batch = 8;  // microbatches of 2
+  bool llama = false;        // llama_config() instead of small_config()
 };
 
 Config case_config(const Case& k) {
-  Config cfg = small_config();
+  Config cfg = k.llama ? llama_config() : small_config();
   cfg.parallel.tensor = k.tp;
   cfg.parallel.pipeline = k.pp;
   cfg.parallel.data = k.dp;
@@ -195,7 +252,8 @@ void check_case(const Case& k) {
   const Config cfg = case_config(k);
   auto group = MpiCommunicator::split(MPI_COMM_WORLD, rank / size, rank % size, "memory");
   ParallelState ps = mpi_parallel_state(GridLayout(size, k.tp, k.pp, k.dp), *group);
-  std::string what = std::to_string(k.tp) + "x" + std::to_string(k.pp) + "x" + std::to_string(k.dp) + " vpp" +
+  std::string what = std::string(k.llama ? "llama " : "") + std::to_string(k.tp) + "x" + std::to_string(k.pp) + "x" +
+                     std::to_string(k.dp) + " vpp" +
                      std::to_string(k.vpp) + (k.zero1 ? " zero1" : "") + (k.sp ? " sp" : "") + " " + k.dtype +
                      " recompute=" + k.recompute + " stage " + std::to_string(ps.pp_rank());
   try {
@@ -234,3 +292,17 @@ TEST(MemoryModelLayouts, FourRanksMixed) { check_case({2, 2, 1, 1, false, true, 
 TEST(MemoryModelLayouts, FourStagesSixteenMicrobatches) { check_many_microbatches({1, 4, 1, 1, false, false, "none", "fp32", 32}); }
 TEST(MemoryModelLayouts, InterleavedSixteenMicrobatches) { check_many_microbatches({1, 2, 1, 2, false, false, "full", "bf16", 32}); }
 TEST(MemoryModelLayouts, FourRanksPipelineData) { check_case({1, 2, 2, 1, true}); }
+// The Llama-shaped model: grouped-query qkv split over tp (2 groups, tp 2), SwiGLU's wide fc1, RMSNorm's
+// single statistic, the untied output layer on the last stage.
+TEST(MemoryModelLayouts, LlamaTensorParallel) { check_case({2, 1, 1, 1, false, false, "none", "fp32", 8, true}); }
+TEST(MemoryModelLayouts, LlamaTensorParallelSequenceParallelSelective) {
+  check_case({2, 1, 1, 1, false, true, "selective", "bf16", 8, true});
+}
+TEST(MemoryModelLayouts, LlamaPipelineBf16) { check_case({1, 2, 1, 1, false, false, "none", "bf16", 8, true}); }
+TEST(MemoryModelLayouts, LlamaInterleavedPipelineFullRecompute) {
+  check_case({1, 2, 1, 2, false, false, "full", "fp32", 8, true});
+}
+TEST(MemoryModelLayouts, LlamaDistributedOptimizerBf16) {
+  check_case({1, 1, 2, 1, true, false, "selective", "bf16", 8, true});
+}
+TEST(MemoryModelLayouts, LlamaFourRanksMixed) { check_case({2, 2, 1, 1, false, true, "full", "bf16", 8, true}); }

@@ -37,9 +37,12 @@ const std::vector<H100Row>& megatron_core_h100_table() {
   return rows;
 }
 
-// The models: ffn 4h, vocabulary 131072 (its untied output layer is modelled tied: the same compute, a
-// little less gradient to reduce).
-ModelDescription dims(const H100Row& r) { return ModelDescription{r.layers, r.hidden, r.heads, 4 * r.hidden, 4096, 131072, 128}; }
+// The models: ffn 4h, vocabulary 131072, an untied output layer.
+ModelDescription dims(const H100Row& r) {
+  ModelDescription m{r.layers, r.hidden, r.heads, 4 * r.hidden, 4096, 131072, 128};
+  m.untie_embeddings = true;
+  return m;
+}
 
 // Megatron-Core's runs: bf16 with fp32 gradient buffers (forced for bf16), sequence parallelism (which
 // --tp-comm-overlap requires), the distributed optimizer (which --overlap-param-gather requires), and

@@ -10,6 +10,9 @@
 //  - the enumeration obeys its rules (every listed layout is valid, rejections name the rule), the time
 //    model reduces to Megatron's bubble formula for equal stages, and more devices per node, faster links
 //    or more memory never make a prediction worse;
+//  - FLOPs: Megatron's formula for the GPT layout, and for Llama-shaped models (grouped-query attention,
+//    SwiGLU, untied output layer) the time model's GEMM FLOPs and app/flops.h's model FLOPs against the
+//    closed forms;
 //  - hardware descriptions: built-ins are complete and the files in configs/hardware/ say the same.
 #include <gtest/gtest.h>
 
@@ -30,8 +33,10 @@
 #include "parallel/process_grid.h"
 
 #include "app/cli.h"
+#include "app/flops.h"
 #include "app/plan.h"
 #include "parallel/planner.h"
+#include "tests/llama_variants.h"
 
 using namespace gpt;
 
@@ -153,10 +158,11 @@ TEST(PlannerMegatron, SendBuffersDoNotGrowWithTheMicrobatches) {
   }
 }
 
-// GPT-NeoX-20B (hidden 6144, 64 heads, 44 layers, sequence 2048, vocabulary 50432), the width of the
-// 18.4B row above, was trained with TP 2, PP 4 on 96 A100 40 GB GPUs: ZeRO-1, full recomputation, fp16,
-// global batch 1536 (GPT-NeoX's configs/20B.yml). The planner ranks that (t, p, d) among its top 3, and
-// every TP 8 choice, the 2021 rule of thumb, below it.
+// GPT-NeoX-20B (hidden 6144, 64 heads, 44 layers, sequence 2048, vocabulary 50432, rotary encoding of a
+// quarter of each head, untied output layer; its parallel attention and MLP modelled as sequential), the
+// width of the 18.4B row above, was trained with TP 2, PP 4 on 96 A100 40 GB GPUs: ZeRO-1, full
+// recomputation, fp16, global batch 1536 (GPT-NeoX's configs/20B.yml). The planner ranks that (t, p, d)
+// among its top 3, and every TP 8 choice, the 2021 rule of thumb, below it.
 TEST(PlannerPublishedLayouts, GptNeoX20B) {
   HardwareSpec a100_40g = *builtin_hardware("a100-80g");
   a100_40g.name = "a100-40g";
@@ -168,7 +174,11 @@ TEST(PlannerPublishedLayouts, GptNeoX20B) {
   o.dtype = DType::F16;
   o.send_buffers = SendBuffers::FreedOnDelivery;
   o.grads_in_compute_dtype = true;
-  const Plan plan = make_plan(ModelDescription{44, 6144, 64, 4 * 6144, 2048, 50432, 128}, 1536, a100_40g, o);
+  ModelDescription neox{44, 6144, 64, 4 * 6144, 2048, 50432, 128};
+  neox.position = PositionEmbedding::Rope;
+  neox.rotary_percent = 0.25;
+  neox.untie_embeddings = true;
+  const Plan plan = make_plan(neox, 1536, a100_40g, o);
   std::vector<std::tuple<int, int, int>> order;  // distinct fitting (t, p, d), best first
   for (const PlanEntry& e : plan.layouts) {
     if (!e.fits) break;
@@ -242,6 +252,93 @@ TEST(PlannerTimeModel, FlopsFollowMegatronsFormula) {
   EXPECT_NEAR(megatron_flops_per_step(m, l) / f96, 1.0, 1e-12);
 }
 
+namespace {
+
+// A Llama-2-7B-like shape with 8 key/value groups (Llama-2-70B's ratio), SwiGLU and an untied output layer.
+ModelDescription llama_shape() { return with_llama_variants({32, 4096, 32, 11008, 4096, 32000, 128}, 8); }
+
+}  // namespace
+
+TEST(PlannerTimeModel, VariantGemmFlopsEqualTheClosedForm) {
+  // Every GEMM the time model charges, over all devices, against 6 B s [l (h (H + 2G) D + h H D + 2 f h
+  // + f h) + h V]: q|k|v with 2G key/value heads, SwiGLU's three matrices, the untied output layer.
+  const ModelDescription m = llama_shape();
+  LayoutSpec l;
+  l.tp = 4, l.pp = 2, l.dp = 2, l.micro_batch = 1, l.global_batch = 16, l.dtype = DType::BF16;
+  l.sequence_parallel = true;
+  const double B = 16, s = 4096, L = 32, h = 4096, H = 32, G = 8, D = 128, f = 11008;
+  const double V = static_cast<double>(m.padded_vocab(4));
+  const double layer = 2 * h * (H + 2 * G) * D + 2 * h * H * D + 2 * h * 2 * f + 2 * f * h;  // forward, per token
+  const HardwareSpec hw = *builtin_hardware("h100-80g");
+  EXPECT_NEAR(estimate_time(m, l, hw).gemm_flops_per_step / (B * s * (3 * L * layer + 6 * h * V)), 1.0, 1e-12);
+  l.recompute = Recompute::Full;  // the forward once more
+  EXPECT_NEAR(estimate_time(m, l, hw).gemm_flops_per_step / (B * s * (4 * L * layer + 6 * h * V)), 1.0, 1e-12);
+  // Megatron's count adds the attention core (4 s H D per token and layer forward) to the same GEMMs, and
+  // without recomputation it is app/flops.h's model FLOPs.
+  l.recompute = Recompute::None;
+  const double model = B * s * (3 * L * (layer + 4 * s * H * D) + 6 * h * V);
+  EXPECT_NEAR(megatron_flops_per_step(m, l) / model, 1.0, 1e-12);
+  EXPECT_NEAR(model_flops_per_iteration(m, 16, m.padded_vocab(4)) / model, 1.0, 1e-12);
+  // The GPT layout of the same size: 2 * 4h^2 + 2 * 2hf per token forward.
+  ModelDescription gpt{32, 4096, 32, 4 * 4096, 4096, 32000, 128};
+  const double gpt_layer = 2 * 4 * h * h + 2 * 2 * h * 4 * h;
+  EXPECT_NEAR(estimate_time(gpt, l, hw).gemm_flops_per_step / (B * s * (3 * L * gpt_layer + 6 * h * V)), 1.0, 1e-12);
+}
+
+TEST(PlannerTimeModel, UntiedOutputLayerHasNoEmbeddingAllReduce) {
+  ModelDescription m = llama_shape();
+  LayoutSpec l;
+  l.tp = 8, l.pp = 4, l.dp = 2, l.micro_batch = 1, l.global_batch = 32, l.dtype = DType::BF16;
+  const HardwareSpec hw = *builtin_hardware("h100-80g");
+  auto tied_line = [&](const ModelDescription& model) {
+    std::vector<CostLine> lines;
+    estimate_time(model, l, hw, &lines);
+    for (const CostLine& c : lines)
+      if (c.label == "tied embedding all-reduce") return c;
+    ADD_FAILURE() << "no tied embedding line";
+    return CostLine{};
+  };
+  EXPECT_EQ(tied_line(m).seconds, 0);
+  EXPECT_EQ(tied_line(m).note, "untied output layer");
+  m.untie_embeddings = false;
+  EXPECT_GT(tied_line(m).seconds, 0);
+}
+
+TEST(ModelFlops, GptLayoutIsMegatronsEquation3) {
+  // 72 B s l h^2 (1 + s/6h + V/12lh), the formula this function had before the variants.
+  struct Shape {
+    int64_t layers, hidden, heads, seq, vocab, batch;
+  };
+  for (const Shape& x : {Shape{6, 384, 6, 256, 50304, 32}, Shape{24, 2304, 24, 2048, 51200, 512},
+                         Shape{96, 12288, 96, 2048, 51200, 1536}, Shape{2, 32, 2, 16, 128, 8}}) {
+    ModelDescription m{x.layers, x.hidden, x.heads, 4 * x.hidden, x.seq, x.vocab, 128};
+    const double B = double(x.batch), s = double(x.seq), l = double(x.layers), h = double(x.hidden),
+                 V = double(x.vocab);
+    const double eq3 = 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h));
+    EXPECT_NEAR(model_flops_per_iteration(m, x.batch, x.vocab) / eq3, 1.0, 1e-14) << x.hidden;
+    // Rotary positions, RMSNorm, untying and biases do not change the count.
+    m.position = PositionEmbedding::Rope;
+    m.normalization = Normalization::RMSNorm;
+    m.untie_embeddings = true;
+    m.add_bias_linear = false;
+    EXPECT_NEAR(model_flops_per_iteration(m, x.batch, x.vocab) / eq3, 1.0, 1e-14) << x.hidden;
+  }
+}
+
+TEST(ModelFlops, LlamaShapeByHand) {
+  // B 2, s 8, l 2, h 16, 4 heads of 4 in 2 groups, SwiGLU with f 32, V 64. Per token and layer, forward:
+  // q|k|v 2*16*(4+2*2)*4 = 1024, proj 2*16*16 = 512, gate|up 2*16*64 = 2048, fc2 2*32*16 = 1024, attention
+  // core 4*8*16 = 512: 5120, times 3 (forward and two backward products) = 15360, times 2 layers = 30720;
+  // the logits 6*16*64 = 6144: 36864 per token, times B s = 16 tokens = 589824.
+  ModelDescription m{2, 16, 4, 32, 8, 64, 64};
+  m.swiglu = true;
+  m.num_query_groups = 2;
+  m.untie_embeddings = true;
+  EXPECT_DOUBLE_EQ(model_flops_per_iteration(m, 2, 64), 589824.0);
+  m.num_query_groups = 0;  // multi-head: k and v of 4 heads, 2*16*16 = 512 more per token and layer forward
+  EXPECT_DOUBLE_EQ(model_flops_per_iteration(m, 2, 64), 589824.0 + 16 * 2 * 3 * 512);
+}
+
 TEST(PlannerTimeModel, BetterHardwareNeverPredictsSlower) {
   ModelDescription m{16, 2048, 16, 8192, 2048, 51200, 128};
   LayoutSpec l;
@@ -294,6 +391,18 @@ TEST(PlannerEnumeration, EveryLayoutIsValidAndRejectionsNameTheRule) {
   }
   EXPECT_TRUE(layers);
   EXPECT_TRUE(cross_node);
+  // Grouped-query attention: tensor parallelism must split the key/value groups whole.
+  ModelDescription gqa = m;
+  gqa.num_query_groups = 4;
+  PlanOptions eight;
+  eight.devices = 8;
+  const Plan grouped = make_plan(gqa, 512, *builtin_hardware("a100-80g"), eight);
+  bool groups = false;
+  for (const RejectedLayout& r : grouped.rejected)
+    groups = groups ||
+             (r.tp == 8 && r.reason.find("num_query_groups 4 is not divisible by tensor 8") != std::string::npos);
+  EXPECT_TRUE(groups);
+  for (const PlanEntry& e : grouped.layouts) EXPECT_LE(e.layout.tp, 4);
   // Fixing options narrows the search.
   o.recompute = Recompute::Selective;
   o.distributed_optimizer = true;
