@@ -1,7 +1,8 @@
-// Checkpoint <-> Hugging Face GPT-2 safetensors (one file), and `gpt-train convert`. The tensor walk is
-// app/convert_tensors.cpp.
+// Checkpoint <-> Hugging Face GPT-2 safetensors (one file), and `gpt-train convert`, which also reaches the
+// Llama conversion (app/convert_llama.cpp). The tensor walk both share is app/convert_tensors.cpp.
 #include "app/convert.h"
 
+#include <filesystem>
 #include <fmt/format.h>
 #include <iostream>
 
@@ -9,6 +10,8 @@
 #include "app/convert_tensors.h"
 
 namespace gpt {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -94,9 +97,18 @@ int convert_main(const ConvertOptions& args) {
       Config cfg = load_config(args.config, args.sets);
       import_hf_gpt2(args.from, cfg, args.to);
       std::cout << "imported " << args.from << " into checkpoint " << args.to << "/" << iteration_dir_name(0) << "\n";
-    } else {
+    } else if (args.to.ends_with(".safetensors")) {
       export_hf_gpt2(args.from, args.to);
       std::cout << "exported checkpoint " << args.from << " to " << args.to << " (Hugging Face GPT-2 names, F32)\n";
+    } else if (fs::exists(fs::path(args.from) / "config.json")) {
+      const Config cfg = config_from_hf_llama(args.from + "/config.json", args.config, args.sets);
+      import_hf_llama(args.from, cfg, args.to);
+      std::cout << "imported Hugging Face Llama " << args.from << " into checkpoint " << args.to << "/"
+                << iteration_dir_name(0) << "\n";
+    } else {
+      export_hf_llama(args.from, args.to);
+      std::cout << "exported checkpoint " << args.from << " to " << args.to
+                << " (Hugging Face LlamaForCausalLM: config.json, model.safetensors, F32)\n";
     }
     return 0;
   } catch (const std::exception& e) {
