@@ -200,14 +200,7 @@ TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
   Trainer trained(cfg, ps, *be);
   trained.train();
   const auto weights = trained.gather_global_params();
-  // The batch the NumPy model scores: the first global batch of the validation stream.
-  auto source = trained.make_source("valid");
-  const double loss = trained.evaluate(*source, 1);
-  std::vector<int32_t> tokens(cfg.training.global_batch_size * (cfg.model.seq_length + 1));
-  for (int64_t i = 0; i < cfg.training.global_batch_size; ++i)
-    source->sample(i, tokens.data() + i * (cfg.model.seq_length + 1));
-  std::ofstream(dir + "/tokens.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  const double loss = score_first_valid_batch(trained, cfg, dir + "/tokens.bin");
 
   // Export through the command line, as a user would.
   ASSERT_EQ(run_gpt_train({"convert", "--from", cfg.checkpoint.dir, "--to", dir + "/model.safetensors"},
@@ -221,21 +214,7 @@ TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
 
   // Import into a fresh checkpoint; a new run loads it and holds exactly the trained weights.
   import_hf_gpt2(dir + "/model.safetensors", cfg, dir + "/imported");
-  Config load = cfg;
-  load.checkpoint.dir.clear();
-  load.checkpoint.load = dir + "/imported";
-  Trainer fresh(load, ps, *be);
-  ASSERT_TRUE(fresh.resume());
-  EXPECT_EQ(fresh.iteration(), 0);
-  const auto back = fresh.gather_global_params();
-  ASSERT_EQ(back.size(), weights.size());
-  for (size_t k = 0; k < weights.size(); ++k) {
-    ASSERT_EQ(back[k].first, weights[k].first);
-    size_t n = weights[k].first == "embedding.word_embeddings.weight" ? size_t(cfg.model.vocab_size * cfg.model.hidden_size)
-                                                                      : weights[k].second.size();
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[k].second[i], weights[k].second[i]) << weights[k].first << " " << i;
-  }
-  EXPECT_NEAR(fresh.evaluate(*source, 1), loss, 1e-6 * loss);
+  expect_imported(cfg, dir + "/imported", weights, loss);
 
   // Exporting the imported checkpoint gives the same tensor bytes.
   export_hf_gpt2(dir + "/imported", dir + "/again.safetensors");

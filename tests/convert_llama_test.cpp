@@ -69,13 +69,7 @@ void check_export_import(const Config& cfg, const std::string& dir) {
   Trainer trained(cfg, ps, *be);
   trained.train();
   const auto weights = trained.gather_global_params();
-  auto source = trained.make_source("valid");
-  const double loss = trained.evaluate(*source, 1);
-  std::vector<int32_t> tokens(cfg.training.global_batch_size * (cfg.model.seq_length + 1));
-  for (int64_t i = 0; i < cfg.training.global_batch_size; ++i)
-    source->sample(i, tokens.data() + i * (cfg.model.seq_length + 1));
-  std::ofstream(dir + "/tokens.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  const double loss = score_first_valid_batch(trained, cfg, dir + "/tokens.bin");
 
   ASSERT_EQ(run_gpt_train({"convert", "--from", cfg.checkpoint.dir, "--to", dir + "/hf"}, dir + "/export.log"), 0)
       << read_text_file(dir + "/export.log");
@@ -90,23 +84,7 @@ void check_export_import(const Config& cfg, const std::string& dir) {
   // trained weights, the real vocabulary rows of the embedding and output layer included.
   ASSERT_EQ(run_gpt_train({"convert", "--from", dir + "/hf", "--to", dir + "/imported"}, dir + "/import.log"), 0)
       << read_text_file(dir + "/import.log");
-  Config load = cfg;
-  load.checkpoint.dir.clear();
-  load.checkpoint.load = dir + "/imported";
-  Trainer fresh(load, ps, *be);
-  ASSERT_TRUE(fresh.resume());
-  EXPECT_EQ(fresh.iteration(), 0);
-  const auto back = fresh.gather_global_params();
-  ASSERT_EQ(back.size(), weights.size());
-  const size_t vocab_values = size_t(cfg.model.vocab_size * cfg.model.hidden_size);
-  for (size_t k = 0; k < weights.size(); ++k) {
-    const std::string& name = weights[k].first;
-    ASSERT_EQ(back[k].first, name);
-    const bool vocab = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
-    const size_t n = vocab ? vocab_values : weights[k].second.size();
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[k].second[i], weights[k].second[i]) << name << " " << i;
-  }
-  EXPECT_NEAR(fresh.evaluate(*source, 1), loss, 1e-6 * loss);
+  expect_imported(cfg, dir + "/imported", weights, loss);
 
   // Exporting the imported checkpoint gives the same tensor bytes and the same config.json.
   export_hf_llama(dir + "/imported", dir + "/again");
