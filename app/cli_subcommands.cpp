@@ -137,20 +137,22 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
 }
 
 void define_convert(Flags& f, ConvertOptions& o) {
-  f.text("--from", o.from, "SRC", "a checkpoint (export), or FILE.safetensors (import)");
-  f.text("--to", o.to, "DST", "FILE.safetensors (export), or the checkpoint directory to write (import)");
+  f.text("--from", o.from, "SRC",
+         "a checkpoint (export), FILE.safetensors (GPT-2 import) or a Hugging Face Llama directory holding "
+         "config.json (Llama import)");
+  f.text("--to", o.to, "DST",
+         "FILE.safetensors (GPT-2 export), a directory for config.json and model.safetensors (Llama export), "
+         "or the checkpoint directory to write (import)");
   f.config(o.config, o.sets);
   f.check([&o] {
     if (o.from.empty() || o.to.empty()) throw CliError("convert needs --from and --to");
-    const bool import = o.from.ends_with(".safetensors");
-    if (!import && !o.to.ends_with(".safetensors"))
-      throw CliError("one side must be a .safetensors file (--from CHECKPOINT --to FILE.safetensors, or --from "
-                     "FILE.safetensors --to DIR --config FILE)");
-    if (import && o.config.empty())
+    if (o.from.ends_with(".safetensors") && o.config.empty())
       throw CliError("importing " + o.from + " needs --config FILE for the model architecture");
   });
-  f.app().footer("Exchanges weights with Hugging Face GPT-2 (transformer.h.{i}.attn.c_attn.weight, ...) through one "
-                 "safetensors file; an import writes iteration 0 with the weights only.");
+  f.app().footer("Exchanges weights with Hugging Face transformers: GPT-2 (transformer.h.{i}.attn.c_attn.weight, "
+                 "...) through one safetensors file, or LlamaForCausalLM (model.layers.{i}.self_attn.q_proj.weight, "
+                 "...) through a directory with config.json, whose model an import takes (--config then gives the "
+                 "other keys). An import writes iteration 0 with the weights only.");
 }
 
 // Ranges, the prompt and the world size are checked by generate_main, which knows the checkpoint.
@@ -193,7 +195,7 @@ void define_subcommands(SubcommandTable& t) {
         define_config, config_main);
   t.add("plan", "rank parallel layouts for a config on N GPUs by predicted step time and memory (--gpus N)",
         Runs::BeforeMpi, define_plan, plan_main);
-  t.add("convert", "export a checkpoint to Hugging Face GPT-2 safetensors, or import one", Runs::BeforeMpi,
+  t.add("convert", "export a checkpoint to Hugging Face GPT-2 or Llama safetensors, or import one", Runs::BeforeMpi,
         define_convert, convert_main);
   t.add("generate", "sample text from a checkpoint on one rank (--load DIR)", Runs::UnderMpi, define_generate,
         generate_main);

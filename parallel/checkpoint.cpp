@@ -75,8 +75,9 @@ StoredFile write_rank_file(const std::string& path, const CheckpointModel& m, in
 bool compatible_shapes(const std::string& name, const Shape& saved, const Shape& current, int64_t vocab) {
   if (saved == current) return true;
   // The padded vocabulary depends on the tensor-parallel degree; only the real rows have to exist.
-  return name == "embedding.word_embeddings.weight" && saved.size() == 2 && current.size() == 2 &&
-         saved[1] == current[1] && saved[0] >= vocab && current[0] >= vocab;
+  const bool vocab_rows = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+  return vocab_rows && saved.size() == 2 && current.size() == 2 && saved[1] == current[1] && saved[0] >= vocab &&
+         current[0] >= vocab;
 }
 
 void load_tensors(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m, int64_t& bytes) {

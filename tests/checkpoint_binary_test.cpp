@@ -11,54 +11,12 @@
 
 #include "app/convert.h"
 #include "checkpoint_test_util.h"
+#include "gpt_train_process.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;
 
-extern char** environ;
-
 namespace {
-
-// ---- the gpt-train binary ----
-
-// Runs gpt-train as a child process (stdout and stderr to `log`) without the MPI environment of this
-// singleton test process, which would make the child join our job instead of starting its own.
-pid_t spawn_gpt_train(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string v = *e;
-    bool mpi = v.rfind("OMPI_", 0) == 0 || v.rfind("PMIX_", 0) == 0 || v.rfind("OPAL_", 0) == 0;
-    if (!mpi || v.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) == 0) env.push_back(v);
-  }
-  std::vector<std::string> argv_s = {GPT_TRAIN_BINARY};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::FILE* out = std::fopen(log.c_str(), "w");
-    if (out) {
-      dup2(fileno(out), 1);
-      dup2(fileno(out), 2);
-    }
-    std::vector<char*> argv, envp;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    for (auto& s : env) envp.push_back(s.data());
-    argv.push_back(nullptr);
-    envp.push_back(nullptr);
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int run_gpt_train(const std::vector<std::string>& args, const std::string& log) {
-  int status = 0;
-  waitpid(spawn_gpt_train(args, log), &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
 
 TEST(CheckpointCrash, SigkillDuringSaveLeavesThePreviousCheckpointLoadable) {
   const TempDir tmp("crash");
@@ -229,18 +187,6 @@ logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
 print(repr(-np.take_along_axis(logp, y[..., None], -1).mean()))
 )PY";
 
-std::string run_python(const std::string& script, const std::vector<std::string>& args) {
-  std::string cmd = "/usr/bin/python3 " + script;
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  int rc = p ? pclose(p) : -1;
-  return rc == 0 ? out : "FAILED(" + std::to_string(rc) + "): " + out;
-}
-
 TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
   const TempDir tmp("convert");
   const std::string& dir = tmp.path;
@@ -254,14 +200,7 @@ TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
   Trainer trained(cfg, ps, *be);
   trained.train();
   const auto weights = trained.gather_global_params();
-  // The batch the NumPy model scores: the first global batch of the validation stream.
-  auto source = trained.make_source("valid");
-  const double loss = trained.evaluate(*source, 1);
-  std::vector<int32_t> tokens(cfg.training.global_batch_size * (cfg.model.seq_length + 1));
-  for (int64_t i = 0; i < cfg.training.global_batch_size; ++i)
-    source->sample(i, tokens.data() + i * (cfg.model.seq_length + 1));
-  std::ofstream(dir + "/tokens.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  const double loss = score_first_valid_batch(trained, cfg, dir + "/tokens.bin");
 
   // Export through the command line, as a user would.
   ASSERT_EQ(run_gpt_train({"convert", "--from", cfg.checkpoint.dir, "--to", dir + "/model.safetensors"},
@@ -275,21 +214,7 @@ TEST(CheckpointConvert, ExportIsReadByNumpyGpt2AndImportRoundTripsBitExactly) {
 
   // Import into a fresh checkpoint; a new run loads it and holds exactly the trained weights.
   import_hf_gpt2(dir + "/model.safetensors", cfg, dir + "/imported");
-  Config load = cfg;
-  load.checkpoint.dir.clear();
-  load.checkpoint.load = dir + "/imported";
-  Trainer fresh(load, ps, *be);
-  ASSERT_TRUE(fresh.resume());
-  EXPECT_EQ(fresh.iteration(), 0);
-  const auto back = fresh.gather_global_params();
-  ASSERT_EQ(back.size(), weights.size());
-  for (size_t k = 0; k < weights.size(); ++k) {
-    ASSERT_EQ(back[k].first, weights[k].first);
-    size_t n = weights[k].first == "embedding.word_embeddings.weight" ? size_t(cfg.model.vocab_size * cfg.model.hidden_size)
-                                                                      : weights[k].second.size();
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[k].second[i], weights[k].second[i]) << weights[k].first << " " << i;
-  }
-  EXPECT_NEAR(fresh.evaluate(*source, 1), loss, 1e-6 * loss);
+  expect_imported(cfg, dir + "/imported", weights, loss);
 
   // Exporting the imported checkpoint gives the same tensor bytes.
   export_hf_gpt2(dir + "/imported", dir + "/again.safetensors");

@@ -127,6 +127,45 @@ inline void flip_byte(const std::string& file, int64_t offset) {
   f.write(&c, 1);
 }
 
+// ---- convert: a trained model against its converted copy ----
+
+// Our loss on the first global batch of the validation stream of trained run `t`, whose tokens go to
+// `file` as int32 rows of seq_length + 1, for a reference reading the converted weights to score.
+inline double score_first_valid_batch(Trainer& t, const Config& cfg, const std::string& file) {
+  auto source = t.make_source("valid");
+  std::vector<int32_t> tokens(cfg.training.global_batch_size * (cfg.model.seq_length + 1));
+  for (int64_t i = 0; i < cfg.training.global_batch_size; ++i)
+    source->sample(i, tokens.data() + i * (cfg.model.seq_length + 1));
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  return t.evaluate(*source, 1);
+}
+
+// A fresh run of `cfg` loading the imported checkpoint `dir` holds exactly `weights` (of the embedding and
+// output layer, the real vocabulary rows: an import has no padding) and scores `loss` on that batch.
+inline void expect_imported(const Config& cfg, const std::string& dir,
+                            const std::vector<std::pair<std::string, std::vector<float>>>& weights, double loss) {
+  ParallelState ps = single_process_state();
+  auto be = make_backend("cpu");
+  Config load = cfg;
+  load.checkpoint.dir.clear();
+  load.checkpoint.load = dir;
+  Trainer fresh(load, ps, *be);
+  ASSERT_TRUE(fresh.resume());
+  EXPECT_EQ(fresh.iteration(), 0);
+  const auto back = fresh.gather_global_params();
+  ASSERT_EQ(back.size(), weights.size());
+  const size_t vocab_values = size_t(cfg.model.vocab_size * cfg.model.hidden_size);
+  for (size_t k = 0; k < weights.size(); ++k) {
+    const std::string& name = weights[k].first;
+    ASSERT_EQ(back[k].first, name);
+    const bool vocab = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+    const size_t n = vocab ? vocab_values : weights[k].second.size();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(back[k].second[i], weights[k].second[i]) << name << " " << i;
+  }
+  EXPECT_NEAR(fresh.evaluate(*fresh.make_source("valid"), 1), loss, 1e-6 * loss);
+}
+
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace gpt::ckpt_test
