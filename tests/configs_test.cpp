@@ -147,5 +147,71 @@ TEST(ShippedConfigs, Gpt3175B) {
   expect_valid_layout(cfg, 128, 8, 16, 1, 1536);
 }
 
+
+// Llama-2-7B (Touvron et al. 2023) and Llama-3-8B (Meta 2024) count their published sizes with their real
+// vocabularies: 6.74B and 8.03B, to the parameter as Hugging Face's checkpoints hold them.
+TEST(ShippedConfigs, Llama2With7B) {
+  Config cfg = load_config(config_path("llama2-7b.yaml"));
+  const ModelDescription m = model_description_from_config(cfg);
+  EXPECT_EQ(m.position, PositionEmbedding::Rope);
+  EXPECT_EQ(m.normalization, Normalization::RMSNorm);
+  EXPECT_TRUE(m.swiglu && m.untie_embeddings && !m.add_bias_linear);
+  EXPECT_EQ(m.query_groups(), 32);
+  const ParamBreakdown real = count_gpt_parameters(m, 32000);
+  EXPECT_EQ(real.total(), 6738415616);
+  EXPECT_EQ(real.position_embedding, 0);
+  EXPECT_EQ(real.output_layer, 32000 * 4096);
+  EXPECT_EQ(real.per_layer, 4LL * 4096 * 4096 + 3LL * 4096 * 11008 + 2 * 4096);
+  ModelSpec spec = model_spec_from_config(cfg, 8, 0);
+  EXPECT_EQ(spec.padded_vocab(), 32768);  // a multiple of 128 * tensor parallel 8
+  EXPECT_EQ(count_gpt_parameters(spec).total(), registered_parameters(spec));
+  expect_valid_layout(cfg, 64, 8, 1, 8, 128);
+}
+
+TEST(ShippedConfigs, Llama3With8B) {
+  Config cfg = load_config(config_path("llama3-8b.yaml"));
+  const ModelDescription m = model_description_from_config(cfg);
+  EXPECT_EQ(m.query_groups(), 8);
+  EXPECT_EQ(m.qkv_width(), (32 + 2 * 8) * 128);  // k and v a quarter of q each
+  EXPECT_EQ(m.rotary_base, 500000);
+  const ParamBreakdown real = count_gpt_parameters(m, 128256);
+  EXPECT_EQ(real.total(), 8030261248);
+  ModelSpec spec = model_spec_from_config(cfg, 8, 0);
+  EXPECT_EQ(spec.padded_vocab(), 129024);  // a multiple of 128 * tensor parallel 8
+  EXPECT_EQ(count_gpt_parameters(spec).total(), registered_parameters(spec));
+  expect_valid_layout(cfg, 128, 8, 1, 16, 32);
+}
+
+TEST(ShippedConfigs, TinyLlamaCpu) {
+  Config cfg = load_config(config_path("tiny-llama-cpu.yaml"));
+  EXPECT_EQ(cfg.ffn_hidden(), 128);  // SwiGLU's default width: 2/3 * 4 * 64, down to a multiple of 64
+  ModelSpec spec = model_spec_from_config(cfg, 1, 0);
+  EXPECT_EQ(count_gpt_parameters(spec).total(), registered_parameters(spec));
+  expect_valid_layout(cfg, 2, 1, 1, 2, 1);  // every rank a data-parallel replica
+}
+
+// Invalid variant combinations stop with an error that names the key.
+TEST(ConfigVariants, InvalidCombinationsNameTheKey) {
+  auto error_of = [](const std::string& override_text) {
+    try {
+      load_config(config_path("tiny-llama-cpu.yaml"), {override_text});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  auto expect_error = [&](const std::string& override_text, const std::string& message) {
+    const std::string e = error_of(override_text);
+    EXPECT_NE(e.find(message), std::string::npos) << override_text << ": " << e;
+  };
+  expect_error("model.num_query_groups=3", "model.num_query_groups (3) must divide model.num_heads (4)");
+  expect_error("model.rotary_percent=0", "model.rotary_percent must be in (0, 1]");
+  expect_error("model.rotary_percent=0.1", "model.rotary_percent");  // 1.6 of 16 dims: one, not a pair
+  expect_error("model.rotary_base=0", "model.rotary_base");
+  expect_error("model.normalization=BatchNorm", "model.normalization");
+  expect_error("model.position_embedding_type=alibi", "model.position_embedding_type");
+  expect_error("parallel.tensor=4", "model.num_query_groups (2) must be divisible by parallel.tensor (4)");
+}
+
 }  // namespace
 }  // namespace gpt
