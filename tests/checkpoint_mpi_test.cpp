@@ -3,7 +3,8 @@
 // loading into (1, 4, 2) with ZeRO-1, (4, 1, 2) without it and (1, 1, 1) restores the iteration-10
 // weights exactly (compared with an independent run's gathered weights), re-saves the identical master
 // weights and Adam moments, and continues with the original run's losses within 1e-5 relative. Damage to
-// one rank's file fails identically on every rank.
+// one rank's file fails identically on every rank. A Llama-shaped run (grouped-query qkv with unequal
+// shard blocks, untied output layer) resumes bit for bit and reshards likewise.
 #include <mpi.h>
 
 #include "checkpoint_test_util.h"
@@ -25,8 +26,19 @@ struct Layout {
   bool zero1;
 };
 
-Config layout_config(const Layout& l) {
+// `llama`: the model with every Llama-style variant (rope, RMSNorm, SwiGLU, 2 key/value groups for 4
+// heads, so the fused qkv has unequal shard blocks, untied output layer, no biases).
+Config layout_config(const Layout& l, bool llama = false) {
   Config cfg = tiny_config();
+  if (llama) {
+    cfg.model.position_embedding_type = "rope";
+    cfg.model.normalization = "RMSNorm";
+    cfg.model.swiglu = true;
+    cfg.model.ffn_hidden_size = 64;
+    cfg.model.num_query_groups = 2;
+    cfg.model.untie_embeddings_and_output_weights = true;
+    cfg.model.add_bias_linear = false;
+  }
   cfg.parallel.tensor = l.tp;
   cfg.parallel.pipeline = l.pp;
   cfg.parallel.data = l.dp;
@@ -64,7 +76,8 @@ std::map<std::string, std::vector<float>> assemble(const std::string& dir, const
 }
 
 size_t real_elements(const std::string& name, size_t n, const Config& cfg) {
-  return name == "embedding.word_embeddings.weight" ? size_t(cfg.model.vocab_size * cfg.model.hidden_size) : n;
+  const bool vocab_rows = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+  return vocab_rows ? size_t(cfg.model.vocab_size * cfg.model.hidden_size) : n;
 }
 
 const Layout kSaved{2, 2, 2, 2, true};
@@ -77,28 +90,32 @@ struct Original {
   std::vector<std::pair<std::string, std::vector<float>>> weights10;
 };
 
-const Original& original() {
-  static Original o = [] {
-    Original o;
-    o.dir = shared_temp_dir("mpi");
-    Config cfg = layout_config(kSaved);
-    cfg.checkpoint.dir = o.dir + "/saved";
-    cfg.checkpoint.save_interval = 10;
-    ParallelState ps = state_for(kSaved);
-    o.straight = train_run(cfg, ps);
-    Config ten = layout_config(kSaved);
-    ten.training.train_iters = 10;
-    o.weights10 = train_run(ten, ps, true).weights;
-    return o;
-  }();
+Original make_original(bool llama) {
+  Original o;
+  o.dir = shared_temp_dir(llama ? "mpi_llama" : "mpi");
+  Config cfg = layout_config(kSaved, llama);
+  cfg.checkpoint.dir = o.dir + "/saved";
+  cfg.checkpoint.save_interval = 10;
+  ParallelState ps = state_for(kSaved);
+  o.straight = train_run(cfg, ps);
+  Config ten = layout_config(kSaved, llama);
+  ten.training.train_iters = 10;
+  o.weights10 = train_run(ten, ps, true).weights;
   return o;
+}
+
+const Original& original(bool llama = false) {
+  static Original gpt = make_original(false);
+  if (!llama) return gpt;
+  static Original llama_run = make_original(true);
+  return llama_run;
 }
 
 // Loads iteration 10 into `target`, checks the weights and (re-saving at once) the optimizer state, then
 // trains to iteration 14 and returns the losses of steps 11..14.
-std::vector<double> load_check_and_continue(const Layout& target, const std::string& tag) {
-  const Original& o = original();
-  Config cfg = layout_config(target);
+std::vector<double> load_check_and_continue(const Layout& target, const std::string& tag, bool llama) {
+  const Original& o = original(llama);
+  Config cfg = layout_config(target, llama);
   cfg.checkpoint.load = o.dir + "/saved/iter_0000010";
   cfg.checkpoint.dir = o.dir + "/resaved_" + tag;
   cfg.training.train_iters = 14;
@@ -142,10 +159,10 @@ std::vector<double> load_check_and_continue(const Layout& target, const std::str
   return losses;
 }
 
-void expect_continues(const Layout& target, const std::string& tag) {
-  const Original& o = original();
+void expect_continues(const Layout& target, const std::string& tag, bool llama = false) {
+  const Original& o = original(llama);
   std::vector<double> losses;
-  if (target.tp * target.pp * target.dp > 1 || world_rank() == 0) losses = load_check_and_continue(target, tag);
+  if (target.tp * target.pp * target.dp > 1 || world_rank() == 0) losses = load_check_and_continue(target, tag, llama);
   MPI_Barrier(MPI_COMM_WORLD);
   if (target.tp * target.pp * target.dp == 1 && world_rank() != 0) return;
   ASSERT_EQ(losses.size(), 4u);
@@ -157,16 +174,24 @@ void expect_continues(const Layout& target, const std::string& tag) {
 
 }  // namespace
 
-TEST(CheckpointMpi, ResumeInTheSameLayoutIsBitIdentical) {
-  const Original& o = original();
+void expect_resume_bit_identical(bool llama) {
+  const Original& o = original(llama);
   ASSERT_EQ(o.straight.losses.size(), 20u);
-  Config cfg = layout_config(kSaved);
+  Config cfg = layout_config(kSaved, llama);
   cfg.checkpoint.load = o.dir + "/saved/iter_0000010";
   ParallelState ps = state_for(kSaved);
   RunRecord r = train_run(cfg, ps);
   ASSERT_EQ(r.losses.size(), 10u);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(r.losses[i], o.straight.losses[10 + i]) << "step " << 11 + i;
 }
+
+TEST(CheckpointMpi, ResumeInTheSameLayoutIsBitIdentical) { expect_resume_bit_identical(false); }
+TEST(CheckpointMpi, LlamaResumeInTheSameLayoutIsBitIdentical) { expect_resume_bit_identical(true); }
+// Grouped-query qkv shards (q : k : v = 2 : 1 : 1 per rank at tp 2) regathered at tp 1.
+TEST(CheckpointMpi, LlamaReshardsIntoPipeline4Data2Zero1) {
+  expect_continues({1, 4, 2, 1, true}, "llama_tp1_pp4_dp2_zero1", true);
+}
+TEST(CheckpointMpi, LlamaReshardsIntoOneRank) { expect_continues({1, 1, 1, 1, false}, "llama_single", true); }
 
 TEST(CheckpointMpi, EveryRankWroteItsShardsAndTheIndexNamesThem) {
   const Original& o = original();
@@ -234,5 +259,8 @@ TEST(CheckpointMpi, CorruptedRankFileFailsAlikeOnAllRanks) { expect_same_error_e
 
 TEST(CheckpointMpi, Cleanup) {
   MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() == 0) fs::remove_all(original().dir);
+  if (world_rank() == 0) {
+    fs::remove_all(original().dir);
+    fs::remove_all(original(true).dir);
+  }
 }

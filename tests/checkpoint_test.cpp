@@ -39,7 +39,28 @@ std::vector<ShardCase> shard_cases() {
           {{12, 6}, {0, 3, 2, 1}},
           {{6, 12}, {1, 1, 3, 1}},  // row-parallel columns
           {{6, 12}, {1, 1, 4, 3}},
-          {{4, 6, 6}, {1, 3, 2, 1}}};
+          {{4, 6, 6}, {1, 3, 2, 1}},
+          {{16, 3}, {0, 3, 2, 1, {2, 1, 1}}},  // grouped-query q|k|v rows (heads : groups : groups = 2 : 1 : 1)
+          {{16, 3}, {0, 3, 1, 0, {2, 1, 1}}},
+          {{24}, {0, 3, 4, 3, {4, 1, 1}}}};
+}
+
+// Unequal blocks: piece `part` of each block, in proportion. Rows 0..7 of q, 8..11 of k, 12..15 of v;
+// rank 1 of 2 holds q rows 4..7, k rows 10..11 and v rows 14..15.
+TEST(ShardRuns, UnequalBlocksHoldThePieceOfEachBlock) {
+  const ShardSpec s{0, 3, 2, 1, {2, 1, 1}};
+  EXPECT_EQ(s.local_shape({16, 3}), (Shape{8, 3}));
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < 8; ++r) rows.push_back(s.global_index({16, 3}, r * 3) / 3);
+  EXPECT_EQ(rows, (std::vector<int64_t>{4, 5, 6, 7, 10, 11, 14, 15}));
+  EXPECT_THROW(s.local_shape({12, 3}), std::invalid_argument);  // 12 rows do not split into 4 units x 2 parts
+  // The stored form round-trips, with the weights only when the blocks are unequal.
+  EXPECT_EQ(s.to_ints(), (std::vector<int64_t>{0, 3, 2, 1, 2, 1, 1}));
+  EXPECT_EQ(ShardSpec::from_ints(s.to_ints()).block_weights, s.block_weights);
+  EXPECT_EQ((ShardSpec{0, 3, 2, 1}).to_ints().size(), 4u);
+  EXPECT_THROW(ShardSpec::from_ints({0, 3, 2, 1, 2, 1}), std::invalid_argument);   // a weight missing
+  EXPECT_THROW(ShardSpec::from_ints({0, 3, 2, 1, 2, 0, 1}), std::invalid_argument);  // a zero weight
+  EXPECT_THROW(ShardSpec::from_ints({0, 1, 2, 2}), std::invalid_argument);         // part past parts
 }
 
 TEST(ShardRuns, MatchGlobalIndexElementByElement) {
