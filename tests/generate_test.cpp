@@ -20,7 +20,9 @@ using namespace gpt;
 
 namespace {
 
-ModelSpec decoder_spec(DType dtype) {
+// `llama`: rotary positions (the cache holds rotated keys; new queries rotate by their own position),
+// RMSNorm, SwiGLU, two key/value groups for four heads, untied, no biases.
+ModelSpec decoder_spec(DType dtype, bool llama = false) {
   ModelSpec s;
   s.num_layers = 3;
   s.hidden = 32;
@@ -31,6 +33,15 @@ ModelSpec decoder_spec(DType dtype) {
   s.vocab_divisible_by = 32;  // 32 rows
   s.init_std = 0.2f;  // large enough that the logits differ clearly between tokens
   s.dtype = dtype;
+  if (llama) {
+    s.position = PositionEmbedding::Rope;
+    s.rotary_base = 1000;
+    s.normalization = Normalization::RMSNorm;
+    s.swiglu = true;
+    s.num_query_groups = 2;
+    s.untie_embeddings = true;
+    s.add_bias_linear = false;
+  }
   return s;
 }
 
@@ -39,7 +50,8 @@ struct Decoder {
   SelfCommunicator tp{"tp"};
   ModelSpec spec;
   ModelChunk chunk;
-  explicit Decoder(DType dtype) : spec(decoder_spec(dtype)), chunk(spec, 0, spec.num_layers, true, true) {
+  explicit Decoder(DType dtype, bool llama = false)
+      : spec(decoder_spec(dtype, llama)), chunk(spec, 0, spec.num_layers, true, true) {
     chunk.allocate_and_init(*be, 11);
   }
   Tensor ids(const std::vector<int32_t>& v) {
@@ -70,8 +82,8 @@ std::span<const float> real_vocab(const std::vector<float>& logits, int64_t voca
 
 // Greedy decoding with the cache, `prompt` in one pass (or token by token), checking every step's logits
 // against the full forward of the whole context.
-void check_cache_against_full_forward(DType dtype, bool prompt_in_one_pass, float tol) {
-  Decoder d(dtype);
+void check_cache_against_full_forward(DType dtype, bool prompt_in_one_pass, float tol, bool llama = false) {
+  Decoder d(dtype, llama);
   LayerContext ctx{*d.be, d.tp};
   std::vector<int32_t> context = {28, 3, 17, 5, 9};
   ModelChunk::KvCache cache = d.chunk.make_kv_cache(*d.be, d.spec.seq_length);
@@ -114,6 +126,10 @@ TEST(KvCacheDecode, MatchesFullForwardFp32TokenByToken) { check_cache_against_fu
 // bf16: the cached and full paths round the same activations at different row counts of the products,
 // so they agree to bf16's precision.
 TEST(KvCacheDecode, MatchesFullForwardBf16) { check_cache_against_full_forward(DType::BF16, true, 3e-2f); }
+TEST(KvCacheDecode, LlamaVariantsMatchFullForward) {
+  check_cache_against_full_forward(DType::F32, true, 2e-5f, true);
+  check_cache_against_full_forward(DType::F32, false, 2e-5f, true);
+}
 
 TEST(KvCacheDecode, RejectsOverflowAndBadCapacity) {
   Decoder d(DType::F32);
