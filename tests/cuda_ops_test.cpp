@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "llama_variants.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
 #include "model/ops/half.h"
@@ -642,7 +643,8 @@ struct ModelRun {
   std::vector<Vec> grads;  // per parameter, registration order
 };
 
-ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, int64_t B, int steps) {
+ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, int64_t B, int steps,
+                   bool llama = false) {
   ModelSpec s;
   s.num_layers = 2;
   s.hidden = 64;
@@ -653,6 +655,7 @@ ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, in
   s.vocab_divisible_by = 128;
   s.init_std = 0.2f;  // large enough that every path carries real gradient
   s.dtype = dt;
+  if (llama) static_cast<ModelDescription&>(s) = with_llama_variants(s, 2);
   SelfCommunicator tp("tp");
   ModelChunk chunk(s, 0, s.num_layers, true, true);
   chunk.allocate_and_init(be, 11);
@@ -691,13 +694,14 @@ ModelRun run_model(Backend& be, DType dt, const std::vector<int32_t>& tokens, in
 
 class CudaModelVsCpu : public CudaVsCpu, public ::testing::WithParamInterface<DType> {};
 
-TEST_P(CudaModelVsCpu, LossAndEveryGradientMatch) {
-  const DType dt = GetParam();
+// The whole model's loss and gradients on the GPU against the CPU; `llama`: rope, RMSNorm, SwiGLU, two
+// key/value groups, untied, no biases.
+void expect_model_matches(Backend* cpu, Backend* gpu, std::mt19937& rng, DType dt, bool llama) {
   const int64_t B = 3, T = 32;
   std::vector<int32_t> tokens(B * (T + 1));
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 100);
-  const ModelRun c = run_model(*cpu, dt, tokens, B, 1);
-  const ModelRun g = run_model(*gpu, dt, tokens, B, 1);
+  const ModelRun c = run_model(*cpu, dt, tokens, B, 1, llama);
+  const ModelRun g = run_model(*gpu, dt, tokens, B, 1, llama);
   const double loss_tol = dt == DType::F32 ? 1e-5 : 1e-2;
   EXPECT_NEAR(g.loss, c.loss, loss_tol * std::fabs(c.loss));
   // Errors compound through the layers and the backward pass: 1e-4 for fp32, 5e-2 for bf16 (relative to
@@ -713,6 +717,11 @@ TEST_P(CudaModelVsCpu, LossAndEveryGradientMatch) {
       worst = std::max(worst, std::fabs(double(g.grads[p][i]) - c.grads[p][i]) / (std::fabs(c.grads[p][i]) + rms + 1e-30));
     EXPECT_LE(worst, grad_tol) << "parameter #" << p << " (rms " << rms << ")";
   }
+}
+
+TEST_P(CudaModelVsCpu, LossAndEveryGradientMatch) { expect_model_matches(cpu.get(), gpu, rng, GetParam(), false); }
+TEST_P(CudaModelVsCpu, LlamaVariantsLossAndEveryGradientMatch) {
+  expect_model_matches(cpu.get(), gpu, rng, GetParam(), true);
 }
 
 TEST_F(CudaVsCpu, RepeatedTrainingStepDoesNoDeviceAllocation) {
@@ -733,11 +742,11 @@ TEST_F(CudaVsCpu, RepeatedTrainingStepDoesNoDeviceAllocation) {
 
 // Generation on the GPU: the key/value-cached decoder's logits (a prompt in one pass, then token by token,
 // each step's greedy token fed back) against the CPU's on the same weights.
-TEST_P(CudaModelVsCpu, KeyValueCachedDecodingMatches) {
-  const DType dt = GetParam();
+void expect_decoding_matches(Backend* cpu, Backend* gpu, DType dt, bool llama) {
   ModelSpec s;
   s.num_layers = 2, s.hidden = 64, s.heads = 4, s.ffn = 256, s.seq_length = 48, s.vocab_size = 100;
   s.vocab_divisible_by = 128, s.init_std = 0.2f, s.dtype = dt;
+  if (llama) static_cast<ModelDescription&>(s) = with_llama_variants(s, 2);
   SelfCommunicator tp("tp");
   ModelChunk c(s, 0, s.num_layers, true, true), g(s, 0, s.num_layers, true, true);
   c.allocate_and_init(*cpu, 5);
@@ -762,6 +771,11 @@ TEST_P(CudaModelVsCpu, KeyValueCachedDecodingMatches) {
     ASSERT_LE(err, tol_rel * std::max(scale, 1.0)) << "position " << cc.length;
     next = {static_cast<int32_t>(std::max_element(cl.begin(), cl.begin() + s.vocab_size) - cl.begin())};
   }
+}
+
+TEST_P(CudaModelVsCpu, KeyValueCachedDecodingMatches) { expect_decoding_matches(cpu.get(), gpu, GetParam(), false); }
+TEST_P(CudaModelVsCpu, LlamaVariantsKeyValueCachedDecodingMatches) {
+  expect_decoding_matches(cpu.get(), gpu, GetParam(), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaModelVsCpu, ::testing::Values(DType::F32, DType::BF16), dtype_param_name);
