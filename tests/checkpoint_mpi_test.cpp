@@ -7,6 +7,7 @@
 // shard blocks, untied output layer) resumes bit for bit and reshards likewise.
 #include <mpi.h>
 
+#include "llama_variants.h"
 #include "checkpoint_test_util.h"
 #include "parallel/mpi_communicator.h"
 
@@ -31,13 +32,7 @@ struct Layout {
 Config layout_config(const Layout& l, bool llama = false) {
   Config cfg = tiny_config();
   if (llama) {
-    cfg.model.position_embedding_type = "rope";
-    cfg.model.normalization = "RMSNorm";
-    cfg.model.swiglu = true;
-    cfg.model.ffn_hidden_size = 64;
-    cfg.model.num_query_groups = 2;
-    cfg.model.untie_embeddings_and_output_weights = true;
-    cfg.model.add_bias_linear = false;
+    set_llama_variant_keys(cfg, 2, 64);
   }
   cfg.parallel.tensor = l.tp;
   cfg.parallel.pipeline = l.pp;

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "llama_variants.h"
 #include "app/sampling.h"
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"
@@ -34,13 +35,8 @@ ModelSpec decoder_spec(DType dtype, bool llama = false) {
   s.init_std = 0.2f;  // large enough that the logits differ clearly between tokens
   s.dtype = dtype;
   if (llama) {
-    s.position = PositionEmbedding::Rope;
+    static_cast<ModelDescription&>(s) = with_llama_variants(s, 2);
     s.rotary_base = 1000;
-    s.normalization = Normalization::RMSNorm;
-    s.swiglu = true;
-    s.num_query_groups = 2;
-    s.untie_embeddings = true;
-    s.add_bias_linear = false;
   }
   return s;
 }

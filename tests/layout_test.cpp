@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 
+#include "llama_variants.h"
 #include "app/trainer.h"
 #include "parallel/mpi_communicator.h"
 
@@ -38,13 +39,7 @@ Config tiny_config(const std::string& dtype, bool llama = false) {
   cfg.logging.interval = 1000;
   cfg.data.synthetic = "pattern";
   if (llama) {
-    cfg.model.position_embedding_type = "rope";
-    cfg.model.normalization = "RMSNorm";
-    cfg.model.swiglu = true;
-    cfg.model.ffn_hidden_size = 64;
-    cfg.model.num_query_groups = 2;
-    cfg.model.untie_embeddings_and_output_weights = true;
-    cfg.model.add_bias_linear = false;
+    set_llama_variant_keys(cfg, 2, 64);
   }
   return cfg;
 }
