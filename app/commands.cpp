@@ -306,7 +306,7 @@ int run_distributed(const DistributedRun& args) {
   agree_or_throw<StartupError>(*startup_world, error);  // every rank stops alike, naming the first that failed
   // On a device backend the tp/pp/dp groups move to the device communicator (NCCL); collective, same
   // point on every rank.
-  use_device_communicators(ps, *backend);
+  use_device_communicators(ps, *backend, cfg.parallel.communicator);
 
   if (rank == 0) {
     spdlog::info("gpt-train {} on {} rank(s), backend {}, launcher {}, {} thread(s) per rank", args.command, world,

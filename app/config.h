@@ -41,6 +41,7 @@ struct ParallelConfig {
   bool distributed_optimizer = false;
   int64_t bucket_size_mb = 25;
   bool overlap_grad_reduce = true;  // start each gradient bucket's dp reduction during the last backward pass
+  std::string communicator = "auto";  // device tensors across ranks: auto | nccl | mpi (host-staged)
 };
 
 struct TrainingConfig {

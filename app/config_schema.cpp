@@ -63,6 +63,12 @@ const std::vector<ConfigKey>& config_keys() {
               "optimizer) during the last microbatch's backward pass, as soon as its gradients are complete "
               "(Megatron's --overlap-grad-reduce); false: reduce after the backward pass"),
 
+      GPT_KEY(parallel, communicator,
+              "how a GPU backend moves tensors between ranks: NCCL, one GPU per rank (nccl); MPI through host "
+              "memory, which lets several ranks share one GPU, slowly (mpi); NCCL when built in, else mpi with "
+              "a warning (auto). The CPU backend always uses MPI",
+              "auto", "nccl", "mpi"),
+
       GPT_KEY(training, micro_batch_size, "samples per microbatch per data-parallel rank"),
       GPT_KEY(training, global_batch_size, "samples per optimizer step over all data-parallel ranks"),
       GPT_KEY(training, train_iters, "optimizer steps to run"),

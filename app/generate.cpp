@@ -198,7 +198,7 @@ int generate_main(const GenerateOptions& o) {
   try {  // a backend without its device, a model that does not fit: stop with the reason
     backend = make_backend(cfg.backend, 0);
     backend->set_attention_backend(cfg.model.attention_backend);
-    use_device_communicators(ps, *backend);
+    use_device_communicators(ps, *backend, cfg.parallel.communicator);
     trainer = std::make_unique<Trainer>(cfg, ps, *backend);
     if (!trainer->resume()) throw StartupError("checkpoint " + o.load + ": nothing to load");
   } catch (const StartupError&) {

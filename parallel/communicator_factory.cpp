@@ -1,9 +1,14 @@
-// Choice of communicators per backend: NCCL for GPU groups of several ranks, a device-aware identity for
-// GPU groups of one (SelfCommunicator copies with memcpy, which cannot touch GPU memory), MPI otherwise.
+// Choice of communicators per backend: NCCL (or MPI through host memory) for GPU groups of several ranks, a
+// device-aware identity for GPU groups of one (SelfCommunicator copies with memcpy, which cannot touch GPU
+// memory), MPI otherwise.
 #include "parallel/communicator_factory.h"
+
+#include <spdlog/spdlog.h>
 
 #include <stdexcept>
 #include <string>
+
+#include "parallel/staged_communicator.h"
 
 #ifdef GPT_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
@@ -44,10 +49,14 @@ class DeviceSelfCommunicator final : public Communicator {
   Backend& backend_;
 };
 
-void replace(std::unique_ptr<Communicator>& group, Backend& backend, bool p2p_channels) {
+void replace(std::unique_ptr<Communicator>& group, Backend& backend, bool p2p_channels, bool staged) {
   if (!group) return;  // this rank is in no group of this kind (middle pipeline stages: embedding)
   if (group->size() == 1) {
     group = std::make_unique<DeviceSelfCommunicator>(group->name(), backend);
+    return;
+  }
+  if (staged) {
+    group = std::make_unique<HostStagedCommunicator>(std::move(group), backend);
     return;
   }
 #ifdef GPT_HAVE_NCCL
@@ -56,7 +65,7 @@ void replace(std::unique_ptr<Communicator>& group, Backend& backend, bool p2p_ch
   throw std::runtime_error("backend " + backend.name() + ": the '" + group->name() + "' group has " +
                            std::to_string(group->size()) +
                            " ranks, which needs NCCL, but this binary was built without it (install NCCL next to "
-                           "the CUDA toolkit and rebuild)");
+                           "the CUDA toolkit and rebuild, or set parallel.communicator: mpi)");
 #endif
 }
 
@@ -70,18 +79,32 @@ bool nccl_built_in() {
 #endif
 }
 
-void use_device_communicators(ParallelState& state, Backend& backend) {
+void use_device_communicators(ParallelState& state, Backend& backend, const std::string& communicator) {
+  if (communicator != "auto" && communicator != "nccl" && communicator != "mpi")
+    throw std::invalid_argument("parallel.communicator: unknown communicator '" + communicator +
+                                "' (expected auto, nccl or mpi)");
   if (backend.device() == Device::CPU) return;
+  bool staged = communicator == "mpi";
+  if (communicator == "auto" && !nccl_built_in()) {
+    staged = true;
+    spdlog::warn("parallel.communicator auto: this binary has no NCCL, so device tensors cross MPI through host "
+                 "memory (slow; build with NCCL for multi-GPU runs)");
+  }
   // The same order on every rank, so the collective NCCL initialisations line up.
-  replace(state.tp, backend, false);
-  replace(state.dp, backend, false);
-  replace(state.pp, backend, true);
-  replace(state.embedding, backend, false);
+  replace(state.tp, backend, false, staged);
+  replace(state.dp, backend, false, staged);
+  replace(state.pp, backend, true, staged);
+  replace(state.embedding, backend, false, staged);
 }
 
-ParallelState make_parallel_state(const GridLayout& layout, Backend& backend) {
+void use_host_staged_communicators(ParallelState& state, Backend& backend) {
+  for (auto* group : {&state.tp, &state.dp, &state.pp, &state.embedding})
+    if (*group && (*group)->size() > 1) *group = std::make_unique<HostStagedCommunicator>(std::move(*group), backend);
+}
+
+ParallelState make_parallel_state(const GridLayout& layout, Backend& backend, const std::string& communicator) {
   ParallelState state = mpi_parallel_state(layout);
-  use_device_communicators(state, backend);
+  use_device_communicators(state, backend, communicator);
   return state;
 }
 

@@ -4,6 +4,8 @@
 // same ranks as NCCL communicators (the pipeline group with per-pair p2p channels), and groups of one
 // become a device-aware identity. world and model_parallel only reduce host arrays and stay on MPI.
 #pragma once
+#include <string>
+
 #include "model/ops/backend.h"
 #include "parallel/process_grid.h"
 
@@ -13,12 +15,22 @@ namespace gpt {
 bool nccl_built_in();
 
 // Makes `state` fit `backend`: nothing changes for a host backend; for a GPU backend the tp, dp, pp and
-// embedding groups are replaced as described above. Collective over the world when any group has more
-// than one rank: every rank must call it at the same point, after creating its backend. Throws
-// std::runtime_error naming the group when a GPU group spans several ranks and NCCL is not built in.
-void use_device_communicators(ParallelState& state, Backend& backend);
+// embedding groups of several ranks are replaced by `communicator` (parallel.communicator):
+//  - "nccl": NCCL communicators (one GPU per rank); std::runtime_error naming the group when NCCL is not
+//    built in;
+//  - "mpi": the MPI groups through host memory (parallel/staged_communicator.h), for several ranks on one
+//    GPU;
+//  - "auto": NCCL when built in, else "mpi" with one warning.
+// Collective over the world when any group has more than one rank: every rank must call it at the same
+// point, after creating its backend.
+void use_device_communicators(ParallelState& state, Backend& backend, const std::string& communicator = "auto");
+
+// Wraps every group of several ranks (tp, dp, pp, embedding) so that it moves `backend`'s tensors through
+// host memory over its MPI group: what "mpi" does for a GPU backend. On a host backend it runs the same
+// staging code over host memory (the tests' way to check it without a GPU).
+void use_host_staged_communicators(ParallelState& state, Backend& backend);
 
 // mpi_parallel_state(layout) followed by use_device_communicators.
-ParallelState make_parallel_state(const GridLayout& layout, Backend& backend);
+ParallelState make_parallel_state(const GridLayout& layout, Backend& backend, const std::string& communicator = "auto");
 
 }  // namespace gpt
