@@ -9,10 +9,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "llama_variants.h"
 #include "app/trainer.h"
+#include "parallel/communicator_factory.h"
 #include "parallel/mpi_communicator.h"
 
 using namespace gpt;
@@ -51,8 +53,18 @@ struct RunResult {
   std::vector<std::pair<std::string, std::vector<float>>> weights;
 };
 
+// GPT_TEST_BACKEND=cuda runs every layout on the GPU (all ranks on one device, the groups of several ranks
+// host-staged over MPI: parallel.communicator mpi); the default is the CPU.
+std::string test_backend() {
+  const char* b = std::getenv("GPT_TEST_BACKEND");
+  return b && *b ? b : "cpu";
+}
+
 RunResult run(const Config& cfg, ParallelState& ps) {
-  auto be = make_backend("cpu");
+  int local_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &local_rank);
+  auto be = make_backend(test_backend(), local_rank);
+  if (be->device() != Device::CPU) use_device_communicators(ps, *be, "mpi");
   Trainer trainer(cfg, ps, *be);
   // Megatron's initial fp16 loss scale, 2^32, would overflow and be halved through every step of this
   // short run; from 2^12 no step overflows (ReferenceLearns checks), so all 12 updates are compared.
