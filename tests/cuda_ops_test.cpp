@@ -132,7 +132,9 @@ class CudaVsCpu : public ::testing::Test {
   }
   // max_i |g - c| / (|c| + rms(c)) <= rtol.
   void expect_close(const Pair& p, double rtol, const std::string& what) {
-    const Vec c = host(*cpu, p.c), g = host(*gpu, p.g);
+    expect_close(host(*cpu, p.c), host(*gpu, p.g), rtol, what);
+  }
+  void expect_close(const Vec& c, const Vec& g, double rtol, const std::string& what) {
     ASSERT_EQ(c.size(), g.size()) << what;
     double ss = 0;
     for (float x : c) ss += double(x) * x;
@@ -151,6 +153,7 @@ class CudaVsCpu : public ::testing::Test {
   static double tol(DType dt) { return dt == DType::F32 ? 1e-5 : 1e-2; }
   void attention_paths(DType dt);
   void llama_ops(DType dt);
+  void linear_at_scale(DType dt, int64_t N, int64_t in, int64_t out, bool bias);
 
   std::unique_ptr<Backend> cpu = make_backend("cpu");
   Backend* gpu = nullptr;
@@ -303,6 +306,124 @@ TEST_F(CudaVsCpu, LinearEmptyShapes) {
   gpu->linear_forward(x2.g, w2.g, &b.g, y2.g);
   expect_close(y2, 0, "bias only");
   EXPECT_THROW(gpu->linear_forward(x2.g, w.g, nullptr, y2.g), std::runtime_error);  // in-features differ
+}
+
+// The linear layer at the model's shapes, where cuBLASLt runs with its fused bias epilogues (or falls back
+// to cublasGemmEx), against the CPU backend on slices: whole products on the CPU would take minutes, so y
+// and dx are checked on a sample of rows and dw and db (accumulated into) on a sample of output features,
+// each slice computed in full by the CPU backend from the same inputs.
+void CudaVsCpu::linear_at_scale(DType dt, int64_t N, int64_t in, int64_t out, bool bias) {
+  const std::string name = std::string(dtype_name(dt)) + " " + std::to_string(N) + "x" + std::to_string(in) + "x" +
+                           std::to_string(out) + (bias ? " with bias" : " without bias");
+  const int64_t samples = 24;
+  std::vector<int64_t> rows, feats;  // evenly spread, the first and the last included
+  for (int64_t i = 0; i < samples; ++i) rows.push_back(i * (N - 1) / (samples - 1));
+  for (int64_t i = 0; i < samples; ++i) feats.push_back(i * (out - 1) / (samples - 1));
+  const int64_t R = samples, O = samples;
+  const Vec vx = randn(N * in), vw = randn(out * in, 0.02f), vb = randn(out), vdy = randn(N * out, 0.01f);
+  const Vec vdw = randn(out * in, 0.1f), vdb = randn(out, 0.1f);
+
+  // The GPU on the whole problem.
+  Tensor x = gpu->empty({N, in}, dt), w = gpu->empty({out, in}, dt), b = gpu->empty({out}, dt);
+  Tensor y = gpu->empty({N, out}, dt), dy = gpu->empty({N, out}, dt), dx = gpu->empty({N, in}, dt);
+  Tensor dw = gpu->empty({out, in}), db = gpu->empty({out});
+  gpu->upload(vx.data(), x);
+  gpu->upload(vw.data(), w);
+  gpu->upload(vb.data(), b);
+  gpu->upload(vdy.data(), dy);
+  gpu->upload(vdw.data(), dw);
+  gpu->upload(vdb.data(), db);
+  gpu->linear_forward(x, w, bias ? &b : nullptr, y);
+  gpu->linear_backward(dy, x, w, &dx, dw, bias ? &db : nullptr);
+  const Vec gy = host(*gpu, y), gdx = host(*gpu, dx), gdw = host(*gpu, dw), gdb = host(*gpu, db);
+
+  // The CPU on the slices: y and dx for the sampled rows; dw and db for the sampled output features.
+  Vec sx(R * in), sdy(R * out), cdy(N * O), sw(O * in), sdw(O * in), sdb(O), sb(O);
+  for (int64_t i = 0; i < R; ++i) {
+    std::copy_n(vx.begin() + rows[i] * in, in, sx.begin() + i * in);
+    std::copy_n(vdy.begin() + rows[i] * out, out, sdy.begin() + i * out);
+  }
+  for (int64_t j = 0; j < O; ++j) {
+    std::copy_n(vw.begin() + feats[j] * in, in, sw.begin() + j * in);
+    std::copy_n(vdw.begin() + feats[j] * in, in, sdw.begin() + j * in);
+    sdb[j] = vdb[feats[j]];
+    for (int64_t r = 0; r < N; ++r) cdy[r * O + j] = vdy[r * out + feats[j]];
+  }
+  auto up = [&](const Shape& s, const Vec& v, DType t) {
+    Tensor c = cpu->empty(s, t);
+    cpu->upload(v.data(), c);
+    return c;
+  };
+  Tensor cx = up({R, in}, sx, dt), cw = up({out, in}, vw, dt), cb = up({out}, vb, dt);
+  Tensor cy = cpu->empty({R, out}, dt), cdx = cpu->empty({R, in}, dt), scratch = cpu->empty({out, in});
+  cpu->linear_forward(cx, cw, bias ? &cb : nullptr, cy);
+  cpu->fill(scratch, 0.f);
+  Tensor cdys = up({R, out}, sdy, dt);
+  cpu->linear_backward(cdys, cx, cw, &cdx, scratch, nullptr);
+  Tensor fx = up({N, in}, vx, dt), fw = up({O, in}, sw, dt), fdy = up({N, O}, cdy, dt);
+  Tensor fdw = up({O, in}, sdw, DType::F32), fdb = up({O}, sdb, DType::F32);
+  cpu->linear_backward(fdy, fx, fw, nullptr, fdw, bias ? &fdb : nullptr);
+
+  Vec py(R * out), pdx(R * in), pdw(O * in), pdb(O);
+  for (int64_t i = 0; i < R; ++i) {
+    std::copy_n(gy.begin() + rows[i] * out, out, py.begin() + i * out);
+    std::copy_n(gdx.begin() + rows[i] * in, in, pdx.begin() + i * in);
+  }
+  for (int64_t j = 0; j < O; ++j) {
+    std::copy_n(gdw.begin() + feats[j] * in, in, pdw.begin() + j * in);
+    pdb[j] = gdb[feats[j]];
+  }
+  // fp32 sums over up to 8192 terms in a different order: a little above the small shapes' 1e-5.
+  const double t = dt == DType::F32 ? 3e-5 : 1e-2;
+  expect_close(host(*cpu, cy), py, t, "y " + name);
+  expect_close(host(*cpu, cdx), pdx, t, "dx " + name);
+  expect_close(host(*cpu, fdw), pdw, t, "dw (accumulated) " + name);
+  if (bias) {
+    expect_close(host(*cpu, fdb), pdb, t, "db (accumulated) " + name);
+  } else {
+    EXPECT_EQ(gdb, vdb) << "db untouched without a bias";
+  }
+#ifdef GPT_HAVE_CUDA
+  if (auto* cb = dynamic_cast<CudaBackend*>(gpu)) std::printf("[info] cuBLASLt plans cached: %zu\n", cb->lt_plans());
+#endif
+}
+
+TEST_P(CudaVsCpuDtype, LinearAtModelShapes) {
+  const DType dt = GetParam();
+  for (bool bias : {true, false}) {
+    linear_at_scale(dt, 8192, 2048, 2048, bias);
+    linear_at_scale(dt, 8192, 2048, 8192, bias);  // the MLP's up projection
+    linear_at_scale(dt, 8192, 8192, 2048, bias);  // and its down projection
+    linear_at_scale(dt, 1000, 333, 517, bias);    // odd sizes: unaligned rows, no tile fits exactly
+  }
+}
+
+TEST_P(CudaVsCpuDtype, LinearRepeatsAndFallsBackWhenTheBiasIsMisaligned) {
+  // The same problem twice (the second from the plan cache) and once with a bias one element into its
+  // storage: cuBLASLt's bias epilogue wants 16-byte alignment, so that call takes the cublasGemmEx path.
+  const DType dt = GetParam();
+  const int64_t N = 300, in = 96, out = 160;
+  Pair x = randn_pair({N, in}, dt), w = randn_pair({out, in}, dt, 0.1f), dy = randn_pair({N, out}, dt);
+  Pair bias_store = randn_pair({out + 1}, dt);
+  Pair b{bias_store.c.slice_elems(1, {out}), bias_store.g.slice_elems(1, {out})};
+  Pair y = empty({N, out}, dt), dx = empty({N, in}, dt), dw = randn_pair({out, in}), db = randn_pair({out});
+  for (int rep = 0; rep < 2; ++rep) {
+    cpu->linear_forward(x.c, w.c, &b.c, y.c);
+    gpu->linear_forward(x.g, w.g, &b.g, y.g);
+    expect_close(y, tol(dt), "y, misaligned bias, call " + std::to_string(rep));
+    cpu->linear_backward(dy.c, x.c, w.c, &dx.c, dw.c, &db.c);
+    gpu->linear_backward(dy.g, x.g, w.g, &dx.g, dw.g, &db.g);
+    expect_close(dx, tol(dt), "dx, call " + std::to_string(rep));
+    expect_close(dw, tol(dt), "dw (accumulated twice), call " + std::to_string(rep));
+    expect_close(db, tol(dt), "db (accumulated twice), call " + std::to_string(rep));
+  }
+  // A misaligned db: the epilogue writes an aligned scratch, so this must match as well.
+  Pair db_store = randn_pair({out + 1});
+  Pair db1{db_store.c.slice_elems(1, {out}), db_store.g.slice_elems(1, {out})};
+  cpu->linear_backward(dy.c, x.c, w.c, nullptr, dw.c, &db1.c);
+  gpu->linear_backward(dy.g, x.g, w.g, nullptr, dw.g, &db1.g);
+  expect_close(db1, tol(dt), "db at an offset");
+  expect_close(dw, tol(dt), "dw (accumulated three times)");
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // CudaBackend set-up: the device check behind `backend: cuda`, the per-device context (compute stream,
-// cuBLAS handle and workspace, the device-side error report), allocation through the caching allocator,
+// cuBLAS handle and workspace, the cuBLASLt plan cache, the device-side error report), allocation through the caching allocator,
 // synchronisation and the reporting of problems that kernels found in their inputs.
 //
 // The context is shared by every CudaBackend on the same device and never destroyed: the caching
@@ -51,6 +51,7 @@ struct DeviceContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   void* workspace = nullptr;
+  std::unique_ptr<LtMatmulCache> lt;  // borrows `workspace`: same stream, so uses are ordered
   DeviceErrorReport* error_device = nullptr;
 };
 
@@ -72,6 +73,7 @@ DeviceContext& device_context(int device) {
                op, "cublasSetMathMode");
   ctx->workspace = CachingAllocator::instance().allocate(kCublasWorkspaceBytes, "the cuBLAS workspace");
   check_cublas(cublasSetWorkspace(ctx->cublas, ctx->workspace, kCublasWorkspaceBytes), op, "cublasSetWorkspace");
+  ctx->lt = std::make_unique<LtMatmulCache>(ctx->workspace, kCublasWorkspaceBytes);
   ctx->error_device =
       static_cast<DeviceErrorReport*>(CachingAllocator::instance().allocate(sizeof(DeviceErrorReport), "the error report"));
   check_cuda(cudaMemsetAsync(ctx->error_device, 0, sizeof(DeviceErrorReport), ctx->stream), op, "cudaMemsetAsync");
@@ -116,6 +118,7 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   DeviceContext& ctx = device_context(device_);
   stream_ = ctx.stream;
   cublas_ = ctx.cublas;
+  lt_ = ctx.lt.get();
   error_device_ = ctx.error_device;
   int major = 0, minor = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_), "CudaBackend",

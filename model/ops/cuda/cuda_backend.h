@@ -5,8 +5,8 @@
 // comment giving what it computes and its shapes. Memory comes from a caching allocator
 // (cuda_allocator.h), so a training step that repeats the previous step's shapes never calls cudaMalloc.
 // The implementation is split by concern: cuda_backend.cpp (device, stream, handles, host transfers,
-// device-side error reports), cuda_memory.cu (fill, dtype casts), cuda_linear.cpp and cuda_gemm.cpp
-// (cuBLAS), cuda_reduce.cu (column sums, sum of squares), cuda_layernorm.cu, cuda_llama.cu (RMSNorm, SwiGLU,
+// device-side error reports), cuda_memory.cu (fill, dtype casts), cuda_linear.cu, cuda_gemm.cpp (cuBLAS)
+// and cublaslt_matmul.cpp (cuBLASLt with fused bias epilogues, for the linear layers), cuda_reduce.cu (column sums, sum of squares), cuda_layernorm.cu, cuda_llama.cu (RMSNorm, SwiGLU,
 // rotary embedding), cuda_elementwise.cu (GELU,
 // residual add, scale), cuda_adamw.cu (AdamW, flat AdamW, per-segment sums of squares), cuda_embedding.cu,
 // cuda_attention.cu, cuda_cross_entropy.cu and cuda_loss.cu (the loss accumulation).
@@ -21,6 +21,7 @@
 #include <string>
 
 #include "model/ops/backend.h"
+#include "model/ops/cuda/cublaslt_matmul.h"
 #include "model/ops/cuda/cudnn_attention.h"
 #include "model/ops/op_checks.h"
 
@@ -145,6 +146,12 @@ class CudaBackend final : public Backend {
     int64_t batch = 1;
   };
   void gemm(const GemmArgs& g, const char* op);
+  // The same dense product (batch 1) on cuBLASLt, with `epilogue` fused (cublaslt_matmul.h): Bias adds
+  // bias[n] to every row of C, GradA writes bias[m] = the row sums of op(A). False, with nothing enqueued,
+  // when cuBLASLt takes no such problem; the caller then runs gemm() and the bias step on its own.
+  bool lt_gemm(const GemmArgs& g, cuda::LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op);
+  // Products cuBLASLt ran so far, as distinct cached problems (for tests).
+  size_t lt_plans() const;
   // `t` itself when it already has `dtype`, else a converted copy (enqueued on the stream).
   Tensor as_dtype(const Tensor& t, DType dtype);
   // Device pointer to the error report kernels write into.
@@ -158,9 +165,12 @@ class CudaBackend final : public Backend {
   bool allow_tf32_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  cuda::LtMatmulCache* lt_ = nullptr;  // the device's, shared with every backend there
   DeviceErrorReport* error_device_ = nullptr;
   int sm_ = 0;  // compute capability, e.g. 90
-  std::map<std::string, Tensor> device_copies_;  // cached_device_copy: host bytes -> device copy
+  std::map<std::string, Tensor> device_copies_;
+  // y[r, o] = b[o] for a [rows, out] y (the linear layer's bias on the cublasGemmEx path).
+  void broadcast_bias(const Tensor& b, Tensor& y, int64_t rows, int64_t out, const char* op);  // cached_device_copy: host bytes -> device copy
   // The attention path (cudnn_attention.cpp): an AttentionPath there, and cuDNN's state.
   int attention_path_ = 0;
   struct CudnnState {

@@ -4,7 +4,8 @@
 // call with the operands swapped. Accumulation is fp32 for every dtype (CUBLAS_COMPUTE_32F; TF32 tensor
 // cores for F32 only when the backend allows them); 16-bit inputs run on the tensor cores. cuBLAS takes
 // F32, BF16 or F16 outputs for 16-bit inputs and F32 outputs for F32 inputs; other combinations go
-// through an fp32 scratch output and a cast.
+// through an fp32 scratch output and a cast. The linear layers try cuBLASLt first (lt_gemm, with the bias
+// fused; cublaslt_matmul.cpp) and come here when it has no algorithm for a problem.
 #include <climits>
 
 #include "model/ops/cuda/cuda_backend.h"
@@ -73,5 +74,22 @@ void CudaBackend::gemm(const GemmArgs& g, const char* op) {
   }
   check_cublas(s, op, g.batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx");
 }
+
+bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op) {
+  if (!lt_ || g.batch != 1 || g.alpha != 1.f) return false;
+  LtProblem p;
+  p.trans_a = g.trans_a, p.trans_b = g.trans_b;
+  p.m = g.m, p.n = g.n, p.k = g.k;
+  p.a = g.a, p.lda = g.lda;
+  p.b = g.b, p.ldb = g.ldb;
+  p.c = g.c, p.ldc = g.ldc;
+  p.ab = g.ab, p.c_dtype = g.c_dtype;
+  p.beta = g.beta;
+  p.tf32 = g.ab == DType::F32 && allow_tf32_;
+  p.epilogue = epilogue, p.bias = bias, p.bias_dtype = bias_dtype;
+  return lt_->run(p, stream_, op);
+}
+
+size_t CudaBackend::lt_plans() const { return lt_ ? lt_->plans() : 0; }
 
 }  // namespace gpt

@@ -1,9 +1,13 @@
-// Fully connected layer on the GPU: y = x . w^T + b and its gradients, each product one cuBLAS call
-// (cuda_gemm.cpp). The bias is folded in by pre-filling y with it and running the product with beta = 1,
-// which adds it in fp32 before the single rounding to y's dtype; weight gradients accumulate the same way.
-// Operands of different dtypes meet in the narrower one: an F32 operand next to a BF16/F16 one is cast
-// to the 16-bit dtype (e.g. the LM head's fp32 logit gradient against bf16 weights, as Megatron does),
-// BF16 next to F16 meets in F32. The bias gradient is a deterministic column sum (cuda_reduce.cu).
+// Fully connected layer on the GPU: y = x . w^T + b and its gradients. Each product runs on cuBLASLt
+// (cublaslt_matmul.cpp) with the bias fused into its epilogue: the forward product adds b in fp32 before
+// the single rounding to y's dtype (CUBLASLT_EPILOGUE_BIAS), and the weight-gradient product dw += dy^T . x
+// also yields db's increment, the column sums of dy (CUBLASLT_EPILOGUE_BGRADB), which it writes into an
+// fp32 scratch that is then added into db, since the contract accumulates db and cuBLASLt overwrites.
+// Where cuBLASLt has no algorithm for a problem the cublasGemmEx path (cuda_gemm.cpp) runs instead: the
+// bias pre-filled into y and the product run with beta = 1, and db as a deterministic column sum
+// (cuda_reduce.cu). Operands of different dtypes meet in the narrower one: an F32 operand next to a
+// BF16/F16 one is cast to the 16-bit dtype (e.g. the LM head's fp32 logit gradient against bf16 weights,
+// as Megatron does), BF16 next to F16 meets in F32. The bias is used in y's dtype on both paths.
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -31,25 +35,28 @@ __global__ void broadcast_rows_kernel(const void* b, DType bd, void* y, DType yd
 
 }  // namespace
 
+void CudaBackend::broadcast_bias(const Tensor& b, Tensor& y, int64_t rows, int64_t out, const char* op) {
+  if (rows * out == 0) return;
+  broadcast_rows_kernel<<<grid_for(rows * out, 256), 256, 0, stream_>>>(b.raw(), b.dtype(), y.raw(), y.dtype(), rows,
+                                                                        out);
+  check_launch(op);
+}
+
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const char* op = "linear_forward";
   const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
   require_float(y, op, "y");
   require_numel(y, d.rows * d.out, op, "y", shape_str({d.rows, d.out}));
-  float beta = 0.f;
   if (b) {
     require_float(*b, op, "b");
     require_numel(*b, d.out, op, "b", shape_str({d.out}));
-    if (d.rows * d.out > 0) {
-      broadcast_rows_kernel<<<grid_for(d.rows * d.out, 256), 256, 0, stream_>>>(b->raw(), b->dtype(), y.raw(),
-                                                                                y.dtype(), d.rows, d.out);
-      check_launch(op);
-    }
-    beta = 1.f;
   }
   if (d.rows == 0 || d.out == 0) return;
-  if (d.in == 0) {
-    if (!b) fill(y, 0.f);  // empty sum
+  if (d.in == 0) {  // an empty sum
+    if (b)
+      broadcast_bias(*b, y, d.rows, d.out, op);
+    else
+      fill(y, 0.f);
     return;
   }
   const DType ab = product_dtype(x.dtype(), w.dtype());
@@ -59,7 +66,15 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor*
   g.a = xa.raw(), g.lda = d.in;
   g.b = wa.raw(), g.ldb = d.in, g.trans_b = true;
   g.c = y.raw(), g.ldc = d.out, g.c_dtype = y.dtype();
-  g.ab = ab, g.beta = beta;
+  g.ab = ab;
+  if (b) {
+    Tensor bias = as_dtype(*b, y.dtype());
+    if (lt_gemm(g, LtEpilogue::Bias, bias.raw(), bias.dtype(), op)) return;
+    broadcast_bias(bias, y, d.rows, d.out, op);
+    g.beta = 1.f;
+  } else if (lt_gemm(g, LtEpilogue::None, nullptr, DType::F32, op)) {
+    return;
+  }
   gemm(g, op);
 }
 
@@ -71,6 +86,14 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   require_numel(dy, d.rows * d.out, op, "dy", shape_str({d.rows, d.out}));
   require_float(dw, op, "dw");
   require_numel(dw, d.out * d.in, op, "dw", "w's shape " + shape_str(w.shape()));
+  if (dx) {
+    require_float(*dx, op, "dx");
+    require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
+  }
+  if (db) {
+    require_float(*db, op, "db");
+    require_numel(*db, d.out, op, "db", shape_str({d.out}));
+  }
   const bool work = d.rows > 0 && d.in > 0 && d.out > 0;
   // dy in the dtype of each product, converted at most once per dtype.
   const DType ab_dx = product_dtype(dy.dtype(), w.dtype()), ab_dw = product_dtype(dy.dtype(), x.dtype());
@@ -78,8 +101,6 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   Tensor dy_dx = ab_dx == ab_dw ? dy_dw : (work && dx ? as_dtype(dy, ab_dx) : dy);
 
   if (dx) {
-    require_float(*dx, op, "dx");
-    require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
     if (work) {
       Tensor wa = as_dtype(w, ab_dx);
       GemmArgs g;  // dx[N, in] = dy[N, out] . w[out, in]
@@ -88,12 +109,13 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
       g.b = wa.raw(), g.ldb = d.in;
       g.c = dx->raw(), g.ldc = d.in, g.c_dtype = dx->dtype();
       g.ab = ab_dx;
-      gemm(g, op);
+      if (!lt_gemm(g, LtEpilogue::None, nullptr, DType::F32, op)) gemm(g, op);
     } else {
       fill(*dx, 0.f);
     }
   }
 
+  bool db_done = false;
   if (work) {
     Tensor xa = as_dtype(x, ab_dw);
     GemmArgs g;  // dw[out, in] += dy^T . x
@@ -102,18 +124,24 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     g.b = xa.raw(), g.ldb = d.in;
     g.c = dw.raw(), g.ldc = d.in, g.c_dtype = dw.dtype();
     g.ab = ab_dw, g.beta = 1.f;
-    gemm(g, op);
+    if (db && ab_dw == dy.dtype()) {
+      // The epilogue sums the dy operand the product reads, so only where that is dy itself, not a
+      // 16-bit copy of an fp32 dy (db would then sum rounded values; the column sum below reads dy).
+      Tensor db_step = empty(db->shape(), DType::F32);
+      fill(db_step, 0.f);  // cuBLASLt documents BGRADB as storing; zeroed so that adding would be right too
+      if (lt_gemm(g, LtEpilogue::GradA, db_step.raw(), DType::F32, op)) {
+        accumulate(db_step, *db);
+        db_done = true;
+      }
+    }
+    if (!db_done && !lt_gemm(g, LtEpilogue::None, nullptr, DType::F32, op)) gemm(g, op);
   }
 
-  if (db) {
-    require_float(*db, op, "db");
-    require_numel(*db, d.out, op, "db", shape_str({d.out}));
-    if (d.rows > 0 && d.out > 0) {
-      const int64_t chunks = column_sum_chunks(d.rows);
-      Tensor partials = empty({chunks, d.out});
-      column_partial_sums(dy.raw(), dy.dtype(), d.rows, d.out, partials.f32(), stream_);
-      add_partial_sums(partials.f32(), chunks, d.out, db->raw(), db->dtype(), stream_);
-    }
+  if (db && !db_done && d.rows > 0 && d.out > 0) {
+    const int64_t chunks = column_sum_chunks(d.rows);
+    Tensor partials = empty({chunks, d.out});
+    column_partial_sums(dy.raw(), dy.dtype(), d.rows, d.out, partials.f32(), stream_);
+    add_partial_sums(partials.f32(), chunks, d.out, db->raw(), db->dtype(), stream_);
   }
 }
 
