@@ -336,7 +336,8 @@ std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_p
     if (owner) {
       std::vector<float> local(mine->value.numel());
       backend_.download(mine->value, local.data());
-      for (int64_t i = 0; i < (int64_t)local.size(); ++i) global[mine->shard.global_index(mine->global_shape, i)] = local[i];
+      const ShardIndexMap to_global(mine->shard, mine->global_shape);
+      for (int64_t i = 0; i < (int64_t)local.size(); ++i) global[to_global(i)] = local[i];
     }
     ps_.world->all_reduce_host(global.data(), (int64_t)global.size());
     out.emplace_back(ref->name, std::vector<float>(global.begin(), global.end()));

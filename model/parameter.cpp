@@ -32,10 +32,15 @@ ShardSpec ShardSpec::from_ints(const std::vector<int64_t>& v) {
   if (v.size() != 4 + static_cast<size_t>(s.blocks))
     throw std::invalid_argument("has " + std::to_string(v.size() - 4) + " block weights for " +
                                 std::to_string(s.blocks) + " blocks");
+  int64_t sum = 0;
   for (size_t i = 4; i < v.size(); ++i) {
     if (v[i] < 1 || v[i] > INT32_MAX) throw std::invalid_argument("has a block weight that is not positive");
     s.block_weights.push_back(v[i]);
+    sum += v[i];  // at most 2^31 weights of at most 2^31: no overflow
   }
+  int64_t units = 0;
+  if (__builtin_mul_overflow(sum, static_cast<int64_t>(s.parts), &units))
+    throw std::invalid_argument("has block weights whose sum times the parts overflows");
   return s;
 }
 

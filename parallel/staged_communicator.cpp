@@ -17,7 +17,7 @@ class StagedPending final : public PendingSend {
  public:
   using Unstage = std::function<void()>;
   StagedPending(std::unique_ptr<PendingSend> inner, Unstage unstage)
-      : inner_(std::move(inner)), unstage_(std::move(unstage)) {}
+      : unstage_(std::move(unstage)), inner_(std::move(inner)) {}
   ~StagedPending() override {
     try {
       wait();
@@ -35,8 +35,8 @@ class StagedPending final : public PendingSend {
   }
 
  private:
+  Unstage unstage_;  // holds the host copy: declared first, so it outlives the request in inner_
   std::unique_ptr<PendingSend> inner_;
-  Unstage unstage_;
   bool done_ = false;
 };
 
