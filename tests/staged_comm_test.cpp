@@ -14,6 +14,7 @@
 #include "parallel/communicator_factory.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/staged_communicator.h"
+#include "tiny_model_config.h"
 
 using namespace gpt;
 
@@ -142,21 +143,13 @@ TEST_F(StagedComm, NonBlockingReductionsWriteBackOnWait) {
 
 // A (2, 2, 2) run with ZeRO-1 and bf16, every group staged, against the same layout on plain MPI.
 TEST(StagedLayout, TrainingWithStagedGroupsIsBitIdentical) {
-  Config cfg;
-  cfg.precision.dtype = "bf16";
-  cfg.model.num_layers = 4;
-  cfg.model.hidden_size = 32;
-  cfg.model.num_heads = 4;
-  cfg.model.seq_length = 16;
-  cfg.model.vocab_size = 100;
+  Config cfg = tiny_model_config("bf16");
   cfg.training.micro_batch_size = 2;
   cfg.training.global_batch_size = 16;
   cfg.training.train_iters = 4;
   cfg.parallel.tensor = cfg.parallel.pipeline = cfg.parallel.data = 2;
   cfg.parallel.distributed_optimizer = true;
   cfg.parallel.sequence_parallel = true;
-  cfg.logging.interval = 1000;
-  cfg.data.synthetic = "pattern";
   auto run = [&](bool staged) {
     auto be = make_backend("cpu");
     ParallelState ps = mpi_parallel_state(GridLayout(8, 2, 2, 2));
