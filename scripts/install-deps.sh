@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  libdnnl-dev libopenmpi-dev openmpi-bin
+  libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenmpi-dev openmpi-bin
   libhdf5-dev hdf5-tools
   libgtest-dev googletest
   libsentencepiece-dev fortunes
