@@ -20,4 +20,25 @@ void MlpActivation::backward(Backend& be, const Tensor& dact, const Tensor& fc1,
     be.gelu_backward(dact, fc1, dfc1);
 }
 
+void MlpActivation::forward_through(LayerContext& ctx, const ColumnParallelLinear& fc1_layer, const Tensor& x,
+                                    Tensor& fc1, Tensor& act) const {
+  if (swiglu_) {
+    fc1_layer.forward(ctx, x, fc1);
+    forward(ctx.backend, fc1, act);
+  } else {
+    fc1_layer.forward_gelu(ctx, x, fc1, act);
+  }
+}
+
+void MlpActivation::backward_through(LayerContext& ctx, const RowParallelLinear& fc2_layer, const Tensor& dy,
+                                     const Tensor& act, const Tensor& fc1, Tensor& dfc1) const {
+  if (swiglu_) {
+    Tensor dact;
+    fc2_layer.backward(ctx, dy, act, dact);
+    backward(ctx.backend, dact, fc1, dfc1);
+  } else {
+    fc2_layer.backward_dgelu(ctx, dy, act, fc1, dfc1);
+  }
+}
+
 }  // namespace gpt

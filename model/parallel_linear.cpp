@@ -19,6 +19,12 @@ void ColumnParallelLinear::forward(LayerContext& ctx, const Tensor& x, Tensor& y
   ctx.backend.linear_forward(x, weight_->value, bias_ ? &bias_->value : nullptr, y);
 }
 
+void ColumnParallelLinear::forward_gelu(LayerContext& ctx, const Tensor& x, Tensor& pre, Tensor& act) const {
+  pre = ctx.backend.empty({x.dim(0), out_local_}, x.dtype());
+  act = ctx.backend.empty({x.dim(0), out_local_}, x.dtype());
+  ctx.backend.linear_gelu_forward(x, weight_->value, bias_ ? &bias_->value : nullptr, pre, act);
+}
+
 void ColumnParallelLinear::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const {
   if (dx) *dx = ctx.backend.empty(x.shape(), x.dtype());
   ctx.backend.linear_backward(dy, x, weight_->value, dx, weight_->grad, bias_ ? &bias_->grad : nullptr);
@@ -42,6 +48,13 @@ void RowParallelLinear::forward(LayerContext& ctx, const Tensor& x_local, Tensor
 void RowParallelLinear::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Tensor& dx_local) const {
   dx_local = ctx.backend.empty(x_local.shape(), x_local.dtype());
   ctx.backend.linear_backward(dy, x_local, weight_->value, &dx_local, weight_->grad, bias_ ? &bias_->grad : nullptr);
+}
+
+void RowParallelLinear::backward_dgelu(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, const Tensor& pre,
+                                       Tensor& dpre) const {
+  dpre = ctx.backend.empty(pre.shape(), pre.dtype());
+  ctx.backend.linear_dgelu_backward(dy, x_local, weight_->value, pre, dpre, weight_->grad,
+                                    bias_ ? &bias_->grad : nullptr);
 }
 
 }  // namespace gpt

@@ -31,6 +31,8 @@ class ColumnParallelLinear {
   void forward(LayerContext& ctx, const Tensor& x, Tensor& y) const;
   // Accumulates dw, db; dx (if non-null) receives this rank's part of the gradient wrt the full input.
   void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const;
+  // forward, then GELU: pre [N, out/tp] as forward's y, act = gelu(pre) (Backend::linear_gelu_forward).
+  void forward_gelu(LayerContext& ctx, const Tensor& x, Tensor& pre, Tensor& act) const;
   int64_t out_local() const { return out_local_; }
 
  private:
@@ -46,6 +48,10 @@ class RowParallelLinear {
   void forward(LayerContext& ctx, const Tensor& x_local, Tensor& y_partial) const;
   // Accumulates dw, db; dx_local receives the gradient wrt this rank's input slice.
   void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Tensor& dx_local) const;
+  // backward where x_local = gelu(pre): dpre = dx_local * gelu'(pre) instead of dx_local
+  // (Backend::linear_dgelu_backward).
+  void backward_dgelu(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, const Tensor& pre,
+                      Tensor& dpre) const;
 
  private:
   Parameter* weight_;

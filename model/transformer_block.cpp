@@ -82,8 +82,7 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   // MLP branch: out = h + fc2(act(fc1(ln2(h))))
   ln2_.forward(ctx, c.h, c.ln2, c.ln2_stats);
   c.ln2_full = enter_tp_region(ctx, c.ln2);
-  fc1_.forward(ctx, c.ln2_full, c.fc1);
-  activation_.forward(be, c.fc1, c.act);
+  activation_.forward_through(ctx, fc1_, c.ln2_full, c.fc1, c.act);
   Tensor fc2_partial;
   fc2_.forward(ctx, c.act, fc2_partial);
   Tensor mlp_out = exit_tp_region(ctx, fc2_partial);
@@ -109,9 +108,8 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   }
   // MLP branch
   Tensor dout_full = exit_tp_region_backward(ctx, dout);
-  Tensor dact, dfc1, dln2_full, dh;
-  fc2_.backward(ctx, dout_full, c.act, dact);
-  activation_.backward(be, dact, c.fc1, dfc1);
+  Tensor dfc1, dln2_full, dh;
+  activation_.backward_through(ctx, fc2_, dout_full, c.act, c.fc1, dfc1);
   fc1_.backward(ctx, dfc1, c.ln2_full, &dln2_full);
   Tensor dln2 = enter_tp_region_backward(ctx, dln2_full);
   ln2_.backward(ctx, dln2, c.h, c.ln2_stats, dh);

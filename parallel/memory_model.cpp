@@ -104,7 +104,8 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
     L.alloc(s.act);                        // the activation's output, recomputed
   }
   L.alloc(s.sp_Xf());                      // dout gathered
-  L.alloc(s.act), L.alloc(s.fc1);          // dact, dfc1
+  L.alloc(s.act), L.alloc(s.fc1);          // dact, dfc1: both live inside the MLP's backward_through,
+  L.free(s.act);                           // which releases dact (the CPU's composed linear_dgelu_backward)
   L.alloc(s.Xf), L.alloc(s.sp_X());        // dln2_full, dln2
   L.alloc(s.X);                            // dh
   L.free(s.act + s.fc1 + s.X + s.sp_Xf());  // act, fc1, ln2, ln2_full
@@ -114,7 +115,7 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   L.alloc(s.Xf), L.alloc(s.sp_X());        // dln1_full, dln1
   L.alloc(s.X);                            // dx
   L.free(3 * s.X + s.sp_Xf() + s.qkv + 2 * s.stats);  // the rest of the cache: input, ln1, ln1_full, qkv, h
-  L.free(2 * s.sp_Xf() + s.act + s.fc1 + 2 * s.Xf + 2 * s.sp_X() + s.X + s.att + s.qkv);  // the locals
+  L.free(2 * s.sp_Xf() + s.fc1 + 2 * s.Xf + 2 * s.sp_X() + s.X + s.att + s.qkv);  // the locals
 }
 
 struct ChunkShape {

@@ -151,6 +151,12 @@ class CudaVsCpu : public ::testing::Test {
                            << " CPU " << c[at] << " (rms " << rms << ")";
   }
   static double tol(DType dt) { return dt == DType::F32 ? 1e-5 : 1e-2; }
+  size_t fused_products() const {
+#ifdef GPT_HAVE_CUDA
+    if (auto* cb = dynamic_cast<CudaBackend*>(gpu)) return cb->gelu_epilogue_products();
+#endif
+    return 0;
+  }
   void attention_paths(DType dt);
   void llama_ops(DType dt);
   void linear_at_scale(DType dt, int64_t N, int64_t in, int64_t out, bool bias);
@@ -276,6 +282,40 @@ TEST_P(CudaVsCpuDtype, LinearForwardBackward) {
   cpu->linear_backward(dy.c, x.c, w.c, nullptr, dw.c, nullptr);
   gpu->linear_backward(dy.g, x.g, w.g, nullptr, dw.g, nullptr);
   expect_close(dw, tol(dt), "dw without dx and db");
+}
+
+// The MLP's fc1 + GELU and fc2's backward through GELU (cuBLASLt's GELU_AUX_BIAS and DGELU epilogues)
+// against the CPU's composed ops, at a GPT-2-small MLP's width over 512 rows, with and without fc1's bias
+// (16-bit; fp32 runs the composed ops on the GPU too).
+TEST_P(CudaVsCpuDtype, LinearGeluEpilogues) {
+  const DType dt = GetParam();
+  const int64_t N = 512, h = 768, ffn = 3072;
+  for (bool bias : {true, false}) {
+    const std::string at = std::string(dtype_name(dt)) + (bias ? " with bias" : " without bias");
+    Pair x = randn_pair({N, h}, dt), w1 = randn_pair({ffn, h}, dt, 0.05f), b1 = randn_pair({ffn}, dt);
+    Pair w2 = randn_pair({h, ffn}, dt, 0.02f);
+    Pair pre = empty({N, ffn}, dt), act = empty({N, ffn}, dt);
+    const size_t fused_before = fused_products();
+    cpu->linear_gelu_forward(x.c, w1.c, bias ? &b1.c : nullptr, pre.c, act.c);
+    gpu->linear_gelu_forward(x.g, w1.g, bias ? &b1.g : nullptr, pre.g, act.g);
+    expect_close(pre, tol(dt), "linear+gelu pre " + at);
+    expect_close(act, tol(dt), "linear+gelu act " + at);
+    // fc2's backward from the same act and pre on both sides (the GPU's own, copied to the CPU).
+    cpu->upload(host(*gpu, act.g).data(), act.c);
+    cpu->upload(host(*gpu, pre.g).data(), pre.c);
+    Pair dy = randn_pair({N, h}, dt, 0.1f), dpre = empty({N, ffn}, dt);
+    Pair dw = randn_pair({h, ffn}, DType::F32, 0.1f), db = randn_pair({h}, DType::F32, 0.1f);
+    cpu->linear_dgelu_backward(dy.c, act.c, w2.c, pre.c, dpre.c, dw.c, &db.c);
+    gpu->linear_dgelu_backward(dy.g, act.g, w2.g, pre.g, dpre.g, dw.g, &db.g);
+    expect_close(dpre, dt == DType::F32 ? 1e-5 : 2e-2, "linear dgelu dpre " + at);
+    expect_close(dw, tol(dt), "linear dgelu dw (accumulated) " + at);
+    expect_close(db, tol(dt), "linear dgelu db (accumulated) " + at);
+    std::printf("[info] GELU epilogue products %s: %zu of 2\n", at.c_str(), fused_products() - fused_before);
+#ifdef GPT_HAVE_CUDA
+    EXPECT_EQ(fused_products() - fused_before, dt == DType::F32 ? 0u : 2u)  // fp32 composes the exact ops
+        << "GELU epilogue products (" << at << ")";
+#endif
+  }
 }
 
 TEST_P(CudaVsCpuDtype, LinearWithFp32LogitsLikeTheLmHead) {
@@ -504,10 +544,29 @@ TEST_P(CudaVsCpuDtype, EmbeddingShardAndPositions) {
   Pair dout = randn_pair({B * T, C}, dt), dtable = randn_pair({rows, C}), dpos = randn_pair({T + 5, C});
   cpu->embedding_backward(idp.c, dout.c, vocab_start, dtable.c);
   gpu->embedding_backward(idp.g, dout.g, vocab_start, dtable.g);
-  expect_close(dtable, 1e-6, "embedding backward");
+  expect_close(dtable, 0, "embedding backward (the CPU's order of additions, bit for bit)");
   cpu->add_positions_backward(dout.c, T, dpos.c);
   gpu->add_positions_backward(dout.g, T, dpos.g);
   expect_close(dpos, 1e-6, "add_positions backward");
+}
+
+// A batch of 8192 ids from 8 distinct values (runs of ~1000 repeats): the token gradient is the same bit
+// for bit as the CPU's and from one call to the next, whatever the scheduling.
+TEST_P(CudaVsCpuDtype, EmbeddingBackwardIsDeterministic) {
+  const DType dt = GetParam();
+  const int64_t N = 8192, C = 768, rows = 8;
+  std::vector<int32_t> ids(N);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % rows);
+  Pair idp = ints({N}, ids);
+  Pair dout = randn_pair({N, C}, dt), dtable = randn_pair({rows, C});
+  const Vec start = host(*gpu, dtable.g);
+  cpu->embedding_backward(idp.c, dout.c, 0, dtable.c);
+  gpu->embedding_backward(idp.g, dout.g, 0, dtable.g);
+  expect_close(dtable, 0, "embedding backward, 8192 ids over 8 rows");
+  const Vec first = host(*gpu, dtable.g);
+  gpu->upload(start.data(), dtable.g);
+  gpu->embedding_backward(idp.g, dout.g, 0, dtable.g);
+  EXPECT_EQ(host(*gpu, dtable.g), first) << "a second call differs";
 }
 
 TEST_F(CudaVsCpu, NegativeTokenIdIsReported) {
@@ -597,6 +656,17 @@ TEST_P(CudaVsCpuDtype, CausalAttentionForwardBackward) { attention_paths(GetPara
 
 TEST_F(CudaVsCpu, CausalAttentionForwardBackwardFp16) { attention_paths(DType::F16); }
 
+// Tolerances, as |gpu - cpu| / (|cpu| + rms) at the worst element. fp32: both sides accumulate in fp32 in
+// different orders, over up to T = 2048 keys and r = 4 heads per group (seen: 4e-5 on an H200). 16-bit:
+// the GPU rounds P and dS to the activation dtype for the tensor-core products that consume them (as cuDNN
+// and FlashAttention do) while the CPU keeps them in fp32, so the error scales with the dtype's epsilon
+// (2^-8 bf16, 2^-11 fp16; seen: out 10 eps, dqkv 40 eps at the worst of up to 38M elements).
+double attention_tol(DType dt, bool grad) {
+  if (dt == DType::F32) return 1e-4;
+  const double eps = dt == DType::BF16 ? 1.0 / 256 : 1.0 / 2048;
+  return (grad ? 64 : 16) * eps;
+}
+
 void CudaVsCpu::attention_paths(DType dt) {
   // {B, T, H, G, D}: multi-head (G = H) and grouped-query (G < H, G = 1 multi-query) shapes.
   const std::vector<std::array<int64_t, 5>> shapes{
@@ -604,6 +674,11 @@ void CudaVsCpu::attention_paths(DType dt) {
       {16, 1024, 12, 12, 64}, {2, 67, 4, 2, 16},   {1, 130, 8, 1, 64},  {2, 1024, 12, 4, 64},  {1, 2048, 8, 2, 128}};
   std::vector<std::string> paths{"unfused"};
   if (dt != DType::F32) paths.push_back("cudnn");
+  struct Restore {  // the backend is shared by every test: leave it on `auto` however this one ends
+    Backend* gpu;
+    ~Restore() { gpu->set_attention_backend("auto"); }
+  } restore{gpu};
+  int on_cudnn = 0;
   for (const std::string& path : paths) {
     gpu->set_attention_backend(path);
     for (auto [B, T, H, G, D] : shapes) {
@@ -613,24 +688,35 @@ void CudaVsCpu::attention_paths(DType dt) {
       Pair qkv = randn_pair({B * T, width}, dt);
       Pair out = empty({B * T, H * D}, dt), lse = empty({B, H, T});
       cpu->attention_forward(qkv.c, B, T, H, G, D, out.c, lse.c);
-      gpu->attention_forward(qkv.g, B, T, H, G, D, out.g, lse.g);
+      try {
+        gpu->attention_forward(qkv.g, B, T, H, G, D, out.g, lse.g);
+      } catch (const std::runtime_error& e) {
+        // The cuDNN found at run time may be too old for a shape (a documented refusal, not a wrong result).
+        if (path != "cudnn" || std::string(e.what()).find("at run time") == std::string::npos) throw;
+        std::printf("[skipped]%s: %s\n", at.c_str(), e.what());
+        continue;
+      }
+      on_cudnn += path == "cudnn";
       expect_close(lse, dt == DType::F32 ? 1e-5 : 1e-2, "lse" + at);
-      expect_close(out, tol(dt), "out" + at);
+      expect_close(out, attention_tol(dt, false), "out" + at);
       Pair dout = randn_pair({B * T, H * D}, dt), dqkv = empty({B * T, width}, dt);
       cpu->attention_backward(dout.c, qkv.c, out.c, lse.c, B, T, H, G, D, dqkv.c);
       gpu->attention_backward(dout.g, qkv.g, out.g, lse.g, B, T, H, G, D, dqkv.g);
-      expect_close(dqkv, dt == DType::F32 ? 1e-5 : 2e-2, "dqkv" + at);
+      expect_close(dqkv, attention_tol(dt, true), "dqkv" + at);
       // A key/value cache's decoding step: the last Tq query positions only (cuDNN declines, unfused runs).
       for (int64_t Tq : {int64_t{1}, T / 3 + 1}) {
         Pair o = empty({B * Tq, H * D}, dt), l = empty({B, H, Tq});
         cpu->attention_forward_last(qkv.c, B, T, Tq, H, G, D, o.c, l.c);
         gpu->attention_forward_last(qkv.g, B, T, Tq, H, G, D, o.g, l.g);
         expect_close(l, dt == DType::F32 ? 1e-5 : 1e-2, "lse (last " + std::to_string(Tq) + ")" + at);
-        expect_close(o, tol(dt), "out (last " + std::to_string(Tq) + ")" + at);
+        expect_close(o, attention_tol(dt, false), "out (last " + std::to_string(Tq) + ")" + at);
       }
     }
   }
-  gpu->set_attention_backend("auto");
+  // The real shapes (T = 1024, 2048) run on cuDNN with any cuDNN the backend accepts at all.
+  if (dt != DType::F32) {
+    EXPECT_GE(on_cudnn, 5) << "shapes that ran on cuDNN";
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -827,18 +913,28 @@ void expect_model_matches(Backend* cpu, Backend* gpu, std::mt19937& rng, DType d
   const ModelRun g = run_model(*gpu, dt, tokens, B, 1, llama);
   const double loss_tol = dt == DType::F32 ? 1e-5 : 1e-2;
   EXPECT_NEAR(g.loss, c.loss, loss_tol * std::fabs(c.loss));
-  // Errors compound through the layers and the backward pass: 1e-4 for fp32, 5e-2 for bf16 (relative to
-  // each element plus the tensor's RMS).
-  const double grad_tol = dt == DType::F32 ? 1e-4 : 5e-2;
+  // Errors compound through the layers and the backward pass. fp32: 1e-4 at the worst element (relative to
+  // the element plus the tensor's RMS), 1e-5 over the tensor (|g - c| / |c|). bf16: the GPU's attention rounds
+  // P and dS to bf16 for its tensor-core products where the CPU keeps fp32 (see attention_tol), which the
+  // later layers carry on: 0.2 at the worst element (about 50 bf16 epsilons; seen 0.13 on an H200) and 5e-2
+  // over the tensor.
+  const double worst_tol = dt == DType::F32 ? 1e-4 : 0.2, norm_tol = dt == DType::F32 ? 1e-5 : 5e-2;
   ASSERT_EQ(c.grads.size(), g.grads.size());
   for (size_t p = 0; p < c.grads.size(); ++p) {
-    double ss = 0;
-    for (float x : c.grads[p]) ss += double(x) * x;
+    double ss = 0, diff = 0;
+    for (size_t i = 0; i < c.grads[p].size(); ++i) {
+      ss += double(c.grads[p][i]) * c.grads[p][i];
+      diff += (double(g.grads[p][i]) - c.grads[p][i]) * (double(g.grads[p][i]) - c.grads[p][i]);
+    }
     const double rms = std::sqrt(ss / std::max<size_t>(1, c.grads[p].size()));
     double worst = 0;
     for (size_t i = 0; i < c.grads[p].size(); ++i)
       worst = std::max(worst, std::fabs(double(g.grads[p][i]) - c.grads[p][i]) / (std::fabs(c.grads[p][i]) + rms + 1e-30));
-    EXPECT_LE(worst, grad_tol) << "parameter #" << p << " (rms " << rms << ")";
+    const double norm_err = ss > 0 ? std::sqrt(diff / ss) : std::sqrt(diff);
+    std::printf("[error] model%s %s gradient #%zu: worst %.3g, over the tensor %.3g\n", llama ? " (llama)" : "",
+                dtype_name(dt), p, worst, norm_err);
+    EXPECT_LE(worst, worst_tol) << "parameter #" << p << " (rms " << rms << ")";
+    EXPECT_LE(norm_err, norm_tol) << "parameter #" << p << " (rms " << rms << ")";
   }
 }
 

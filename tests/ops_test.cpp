@@ -99,6 +99,20 @@ TEST_F(OpsTest, LinearRejectsMismatchedShapes) {
   EXPECT_THROW(be->linear_forward(ids, w2, nullptr, y), std::runtime_error);
 }
 
+// Empty products: no rows, and no in-features (y is the bias broadcast over the rows, or zeros).
+TEST_F(OpsTest, LinearEmptyShapes) {
+  Tensor x = be->zeros({0, 8}), w = make({5, 8}, randn(40)), y = be->empty({0, 5});
+  be->linear_forward(x, w, nullptr, y);
+  const Vec b = randn(5);
+  Tensor x2 = be->zeros({3, 0}), w2 = be->zeros({5, 0}), y2 = be->empty({3, 5}), tb = make({5}, b);
+  be->linear_forward(x2, w2, &tb, y2);
+  expect_near_vec(host(y2), linear_ref({}, {}, &b, 3, 0, 5), 0, 0, "bias only");
+  be->linear_forward(x2, w2, nullptr, y2);
+  expect_near_vec(host(y2), DVec(15, 0.0), 0, 0, "no bias");
+  Tensor y3 = be->empty({0, 5});
+  EXPECT_THROW(be->linear_forward(x2, w2, nullptr, y3), std::runtime_error);  // 3 rows, not 0
+}
+
 // ---------------------------------------------------------------------------------------------------
 // LayerNorm
 
@@ -209,6 +223,43 @@ TEST_F(OpsTest, GeluBackwardMatchesFiniteDifferences) {
     const double d = (gelu_ref(x[i] + 1e-6) - gelu_ref(x[i] - 1e-6)) / 2e-6;
     EXPECT_NEAR(dxv[i], R[i] * d, 1e-5 * (1 + std::fabs(R[i])));
   }
+}
+
+// The MLP's linears with GELU between them (Backend::linear_gelu_forward, linear_dgelu_backward) against
+// double references of the chain: pre = x w^T + b, act = gelu(pre); dpre = (dy w) * gelu'(pre), and fc2's
+// weight and bias gradients accumulated as linear_backward does.
+TEST_F(OpsTest, LinearGeluForwardAndBackwardMatchReference) {
+  const int64_t N = 13, in = 24, ffn = 40, out = 24;
+  const Vec x = randn(N * in), w1 = randn(ffn * in, 0.3f), b1 = randn(ffn), w2 = randn(out * ffn, 0.3f);
+  Tensor tx = make({N, in}, x), tw1 = make({ffn, in}, w1), tb1 = make({ffn}, b1), tw2 = make({out, ffn}, w2);
+  Tensor pre = be->empty({N, ffn}), act = be->empty({N, ffn});
+  be->linear_gelu_forward(tx, tw1, &tb1, pre, act);
+  const DVec pre_ref = linear_ref(x, w1, &b1, N, in, ffn);
+  DVec act_ref(pre_ref.size());
+  for (size_t i = 0; i < pre_ref.size(); ++i) act_ref[i] = gelu_ref(pre_ref[i]);
+  expect_near_vec(host(pre), pre_ref, 1e-4, 1e-5, "pre");
+  expect_near_vec(host(act), act_ref, 1e-4, 1e-5, "act");
+
+  const Vec dy = randn(N * out), dw0 = randn(out * ffn, 0.1f), db0 = randn(out, 0.1f);
+  Tensor tdy = make({N, out}, dy), dpre = be->empty({N, ffn}), dw = make({out, ffn}, dw0), db = make({out}, db0);
+  be->linear_dgelu_backward(tdy, act, tw2, pre, dpre, dw, &db);
+  const Vec actv = host(act), prev = host(pre);
+  DVec dpre_ref(N * ffn), dw_ref(dw0.begin(), dw0.end()), db_ref(db0.begin(), db0.end());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t f = 0; f < ffn; ++f) {
+      double s = 0;
+      for (int64_t o = 0; o < out; ++o) s += double(dy[n * out + o]) * w2[o * ffn + f];
+      const double p = prev[n * ffn + f];
+      dpre_ref[n * ffn + f] = s * (gelu_ref(p + 1e-6) - gelu_ref(p - 1e-6)) / 2e-6;
+    }
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t n = 0; n < N; ++n) {
+      db_ref[o] += dy[n * out + o];
+      for (int64_t f = 0; f < ffn; ++f) dw_ref[o * ffn + f] += double(dy[n * out + o]) * actv[n * ffn + f];
+    }
+  expect_near_vec(host(dpre), dpre_ref, 1e-4, 1e-4, "dpre");
+  expect_near_vec(host(dw), dw_ref, 1e-4, 1e-5, "dw (accumulated)");
+  expect_near_vec(host(db), db_ref, 1e-5, 1e-5, "db (accumulated)");
 }
 
 // ---------------------------------------------------------------------------------------------------

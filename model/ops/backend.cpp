@@ -1,4 +1,4 @@
-// Backend pieces shared by every implementation (zeros) and the factory that maps the config's `backend`
+// Backend pieces shared by every implementation (zeros, the composed linear+GELU defaults) and the factory that maps the config's `backend`
 // value to an implementation compiled into this binary.
 #include "model/ops/backend.h"
 
@@ -15,6 +15,18 @@ Tensor Backend::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);
   fill(t, 0.f);
   return t;
+}
+
+void Backend::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act) {
+  linear_forward(x, w, b, pre);
+  gelu_forward(pre, act);
+}
+
+void Backend::linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+                                    Tensor& dpre, Tensor& dw, Tensor* db) {
+  Tensor dact = empty(pre.shape(), pre.dtype());
+  linear_backward(dy, x, w, &dact, dw, db);
+  gelu_backward(dact, pre, dpre);
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {

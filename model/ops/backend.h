@@ -54,6 +54,12 @@ class Backend {
   // dx = dy . w (skipped when dx is null); dw += dy^T . x; db += column sums of dy (when db non-null).
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                                Tensor* db) = 0;
+  // The GPT MLP's linears with GELU between them, fused where a backend can: pre = x . w^T (+ b), kept
+  // for backward, and act = gelu(pre) (fc1 and its activation); and linear_backward with dx replaced by
+  // dpre = (dy . w) * gelu'(pre) (fc2 and the activation's backward). The defaults compose the ops above.
+  virtual void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act);
+  virtual void linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+                                     Tensor& dpre, Tensor& dw, Tensor* db);
 
   // ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta; mean/rstd F32 [N] ----
   virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,

@@ -45,7 +45,9 @@ LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, con
   const int64_t in = w.dim(1), out = w.dim(0);
   c.require(x.ndim() >= 1 && x.dim(-1) == in, op,
             "x " + describe(x) + " does not end in w's in-features " + std::to_string(in) + " (w " + describe(w) + ")");
-  return {in == 0 ? 0 : x.numel() / in, in, out};
+  int64_t rows = 1;  // the leading dims' product: x.numel() / in is 0 / 0 when in == 0
+  for (int i = 0; i + 1 < x.ndim(); ++i) rows *= x.dim(i);
+  return {rows, in, out};
 }
 
 int64_t check_elementwise(const OpChecks& c, const char* op, std::initializer_list<NamedTensor> args) {

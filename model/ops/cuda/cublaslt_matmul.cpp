@@ -1,9 +1,9 @@
-// cuBLASLt products with fused bias epilogues, their descriptors and chosen algorithms cached per problem
+// cuBLASLt products with fused bias and GELU epilogues, their descriptors and chosen algorithms cached per problem
 // (see cublaslt_matmul.h). cuBLASLt is column-major; as in cuda_gemm.cpp the row-major C = op(A) . op(B)
 // is run as the column-major C^T = op(B)^T . op(A)^T, so cuBLASLt's "A" is our B and its "B" our A. In
 // those terms CUBLASLT_EPILOGUE_BIAS adds a vector along the rows of the column-major D, i.e. along C's
 // columns (n elements), and CUBLASLT_EPILOGUE_BGRADB sums cuBLASLt's B (our op(A)) over k into a vector
-// of D's column count (m elements).
+// of D's column count (m elements). The GELU epilogues' aux matrix has D's layout.
 #include "model/ops/cuda/cublaslt_matmul.h"
 
 #include <climits>
@@ -98,10 +98,18 @@ LtMatmulCache::Plan& LtMatmulCache::plan(const LtProblem& p, const Key& key, con
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   if (p.epilogue == LtEpilogue::Bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
   if (p.epilogue == LtEpilogue::GradA) epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  if (p.epilogue == LtEpilogue::GeluAux) epilogue = p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (p.epilogue == LtEpilogue::DGelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, op);
-  if (p.epilogue != LtEpilogue::None) {
+  if (p.bias) {
     const cudaDataType_t bias_type = lt_type(p.bias_dtype);
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, op);
+  }
+  if (p.aux) {  // the aux matrix has D's layout: column-major n x m, leading dimension ldc
+    const int64_t aux_ld = p.ldc;
+    const cudaDataType_t aux_type = lt_type(p.c_dtype);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld, op);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type, op);
   }
   // Stored (pre-transpose) shapes: our B is [k, n] row-major = column-major n x k, or [n, k] when
   // transposed; likewise our A; C [m, n] row-major is column-major n x m.
@@ -146,7 +154,12 @@ bool LtMatmulCache::run(const LtProblem& p, cudaStream_t stream, const char* op)
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) return false;
   if (p.m > INT_MAX || p.n > INT_MAX || p.k > INT_MAX) return false;
   if (p.c_dtype != p.ab && p.c_dtype != DType::F32) return false;
-  if (p.epilogue != LtEpilogue::None && (p.bias == nullptr || alignment(p.bias) < 16)) return false;
+  const bool needs_bias = p.epilogue == LtEpilogue::Bias || p.epilogue == LtEpilogue::GradA;
+  const bool needs_aux = p.epilogue == LtEpilogue::GeluAux || p.epilogue == LtEpilogue::DGelu;
+  if (needs_bias && p.bias == nullptr) return false;
+  if (p.bias && (p.epilogue == LtEpilogue::None || p.epilogue == LtEpilogue::DGelu || alignment(p.bias) < 16))
+    return false;
+  if (needs_aux && (p.aux == nullptr || alignment(p.aux) < 16 || p.ldc % 8 != 0 || p.beta != 0.f)) return false;
   const Key key{p.trans_a,
                 p.trans_b,
                 p.m,
@@ -157,7 +170,7 @@ bool LtMatmulCache::run(const LtProblem& p, cudaStream_t stream, const char* op)
                 p.ldc,
                 static_cast<int>(p.ab),
                 static_cast<int>(p.c_dtype),
-                p.epilogue == LtEpilogue::None ? -1 : static_cast<int>(p.bias_dtype),
+                p.bias ? static_cast<int>(p.bias_dtype) : -1,
                 p.tf32,
                 static_cast<int>(p.epilogue),
                 alignment(p.a),
@@ -166,7 +179,8 @@ bool LtMatmulCache::run(const LtProblem& p, cudaStream_t stream, const char* op)
   std::lock_guard<std::mutex> lock(mu_);
   Plan& plan = this->plan(p, key, op);
   if (!plan.found) return false;
-  if (p.epilogue != LtEpilogue::None) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, op);
+  if (p.bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, op);
+  if (p.aux) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, op);
   const float alpha = 1.f;
   const cublasStatus_t s = cublasLtMatmul(handle_, plan.desc, &alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c, plan.c,
                                           p.c, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);

@@ -1,6 +1,8 @@
-// Matrix products on cuBLASLt for the linear layers, with the bias fused into the product's epilogue:
-// CUBLASLT_EPILOGUE_BIAS adds the bias in the forward product, CUBLASLT_EPILOGUE_BGRADB writes the bias
-// gradient as a by-product of the weight-gradient product. Problems are stated row-major, like
+// Matrix products on cuBLASLt for the linear layers, with the bias and GELU fused into the product's
+// epilogue: CUBLASLT_EPILOGUE_BIAS adds the bias in the forward product, CUBLASLT_EPILOGUE_BGRADB writes
+// the bias gradient as a by-product of the weight-gradient product, CUBLASLT_EPILOGUE_GELU_AUX(_BIAS)
+// applies GELU and also stores its input (the "aux" matrix), CUBLASLT_EPILOGUE_DGELU multiplies the
+// product by GELU's derivative at a stored aux. Problems are stated row-major, like
 // CudaBackend::GemmArgs (cuda_gemm.cpp): C[m, n] = op(A)[m, k] . op(B)[k, n] + beta * C, A and B of one dtype,
 // fp32 accumulation (TF32 when asked), C either of A's dtype or F32.
 //
@@ -32,6 +34,8 @@ enum class LtEpilogue : int {
   None = 0,
   Bias = 1,   // C[i, j] += bias[j] (bias of n elements), added in fp32 before C is rounded
   GradA = 2,  // also bias[i] = sum over k of op(A)[i, k] (m elements), written, not accumulated
+  GeluAux = 3,      // C = gelu(product (+ bias[j] when bias is set)); aux = the GELU input, C's shape
+  DGelu = 4,        // C = product * gelu'(aux), aux of C's shape (read)
 };
 
 struct LtProblem {
@@ -47,8 +51,9 @@ struct LtProblem {
   float beta = 0.f;
   bool tf32 = false;
   LtEpilogue epilogue = LtEpilogue::None;
-  void* bias = nullptr;  // Bias: read; GradA: written
+  void* bias = nullptr;  // Bias, GeluAux: read; GradA: written
   DType bias_dtype = DType::F32;
+  void* aux = nullptr;  // GeluAux: written; DGelu: read. C's dtype, leading dimension ldc
 };
 
 class LtMatmulCache {

@@ -69,6 +69,10 @@ class CudaBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                        Tensor* db) override;
+  // cuBLASLt's GELU_AUX(_BIAS) and DGELU epilogues; the composed default where cuBLASLt declines.
+  void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act) override;
+  void linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Tensor& dpre,
+                             Tensor& dw, Tensor* db) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
                          Tensor& rstd, float eps) override;
@@ -149,9 +153,12 @@ class CudaBackend final : public Backend {
   // The same dense product (batch 1) on cuBLASLt, with `epilogue` fused (cublaslt_matmul.h): Bias adds
   // bias[n] to every row of C, GradA writes bias[m] = the row sums of op(A). False, with nothing enqueued,
   // when cuBLASLt takes no such problem; the caller then runs gemm() and the bias step on its own.
-  bool lt_gemm(const GemmArgs& g, cuda::LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op);
+  bool lt_gemm(const GemmArgs& g, cuda::LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op,
+               void* aux = nullptr);
   // Products cuBLASLt ran so far, as distinct cached problems (for tests).
   size_t lt_plans() const;
+  // Products that ran with a GELU epilogue (GELU_AUX(_BIAS) or DGELU) so far (for tests).
+  size_t gelu_epilogue_products() const { return gelu_epilogue_products_; }
   // `t` itself when it already has `dtype`, else a converted copy (enqueued on the stream).
   Tensor as_dtype(const Tensor& t, DType dtype);
   // Device pointer to the error report kernels write into.
@@ -166,6 +173,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cuda::LtMatmulCache* lt_ = nullptr;  // the device's, shared with every backend there
+  size_t gelu_epilogue_products_ = 0;
   DeviceErrorReport* error_device_ = nullptr;
   int sm_ = 0;  // compute capability, e.g. 90
   std::map<std::string, Tensor> device_copies_;

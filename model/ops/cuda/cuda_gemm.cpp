@@ -75,7 +75,8 @@ void CudaBackend::gemm(const GemmArgs& g, const char* op) {
   check_cublas(s, op, g.batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx");
 }
 
-bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op) {
+bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op,
+                          void* aux) {
   if (!lt_ || g.batch != 1 || g.alpha != 1.f) return false;
   LtProblem p;
   p.trans_a = g.trans_a, p.trans_b = g.trans_b;
@@ -86,7 +87,7 @@ bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DT
   p.ab = g.ab, p.c_dtype = g.c_dtype;
   p.beta = g.beta;
   p.tf32 = g.ab == DType::F32 && allow_tf32_;
-  p.epilogue = epilogue, p.bias = bias, p.bias_dtype = bias_dtype;
+  p.epilogue = epilogue, p.bias = bias, p.bias_dtype = bias_dtype, p.aux = aux;
   return lt_->run(p, stream_, op);
 }
 

@@ -8,6 +8,13 @@
 // (cuda_reduce.cu). Operands of different dtypes meet in the narrower one: an F32 operand next to a
 // BF16/F16 one is cast to the 16-bit dtype (e.g. the LM head's fp32 logit gradient against bf16 weights,
 // as Megatron does), BF16 next to F16 meets in F32. The bias is used in y's dtype on both paths.
+// The MLP's fc1 + GELU and fc2's input gradient through GELU run as one product each where cuBLASLt takes
+// them: GELU_AUX(_BIAS) writes act = gelu(x . w^T + b) and stores pre = x . w^T + b as its aux output;
+// DGELU writes dpre = (dy . w) * gelu'(pre) from the stored pre. fc1's bias gradient then comes from fc1's
+// weight-gradient product (BGRADB over dpre), so DGELU_BGRAD would only compute it twice. Where cuBLASLt
+// declines (a dtype, an alignment, a leading dimension not a multiple of 8) the composed ops run instead,
+// and always in fp32: cuBLASLt does not document its GELU's arithmetic, and fp32 runs are the ones compared
+// with the CPU to 1e-4 and better, so they keep the exact GELU kernels.
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -143,6 +150,60 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     column_partial_sums(dy.raw(), dy.dtype(), d.rows, d.out, partials.f32(), stream_);
     add_partial_sums(partials.f32(), chunks, d.out, db->raw(), db->dtype(), stream_);
   }
+}
+
+void CudaBackend::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act) {
+  const char* op = "linear_gelu_forward";
+  const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
+  require_float(pre, op, "pre");
+  require_float(act, op, "act");
+  require_numel(pre, d.rows * d.out, op, "pre", shape_str({d.rows, d.out}));
+  require_numel(act, d.rows * d.out, op, "act", shape_str({d.rows, d.out}));
+  if (d.rows == 0 || d.out == 0) return;
+  if (d.in > 0 && pre.dtype() == act.dtype() && act.dtype() != DType::F32) {
+    const DType ab = product_dtype(x.dtype(), w.dtype());
+    Tensor xa = as_dtype(x, ab), wa = as_dtype(w, ab);
+    Tensor bias = b ? as_dtype(*b, act.dtype()) : Tensor();
+    GemmArgs g;  // act = gelu(x . w^T + b), pre stored on the way
+    g.m = d.rows, g.n = d.out, g.k = d.in;
+    g.a = xa.raw(), g.lda = d.in;
+    g.b = wa.raw(), g.ldb = d.in, g.trans_b = true;
+    g.c = act.raw(), g.ldc = d.out, g.c_dtype = act.dtype();
+    g.ab = ab;
+    if (lt_gemm(g, LtEpilogue::GeluAux, b ? bias.raw() : nullptr, act.dtype(), op, pre.raw())) {
+      ++gelu_epilogue_products_;
+      return;
+    }
+  }
+  Backend::linear_gelu_forward(x, w, b, pre, act);
+}
+
+void CudaBackend::linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
+                                        Tensor& dpre, Tensor& dw, Tensor* db) {
+  const char* op = "linear_dgelu_backward";
+  const ops::LinearDims d = ops::check_linear(kChecks, x, w, op);
+  require_float(dy, op, "dy");
+  require_numel(dy, d.rows * d.out, op, "dy", shape_str({d.rows, d.out}));
+  require_float(pre, op, "pre");
+  require_float(dpre, op, "dpre");
+  require_numel(pre, d.rows * d.in, op, "pre", "x's shape " + shape_str(x.shape()));
+  require_numel(dpre, d.rows * d.in, op, "dpre", "x's shape " + shape_str(x.shape()));
+  if (d.rows > 0 && d.in > 0 && d.out > 0 && pre.dtype() == dpre.dtype() && dpre.dtype() != DType::F32) {
+    const DType ab = product_dtype(dy.dtype(), w.dtype());
+    Tensor dya = as_dtype(dy, ab), wa = as_dtype(w, ab);
+    GemmArgs g;  // dpre[N, in] = (dy[N, out] . w[out, in]) * gelu'(pre)
+    g.m = d.rows, g.n = d.in, g.k = d.out;
+    g.a = dya.raw(), g.lda = d.out;
+    g.b = wa.raw(), g.ldb = d.in;
+    g.c = dpre.raw(), g.ldc = d.in, g.c_dtype = dpre.dtype();
+    g.ab = ab;
+    if (lt_gemm(g, LtEpilogue::DGelu, nullptr, DType::F32, op, const_cast<void*>(pre.raw()))) {
+      ++gelu_epilogue_products_;
+      linear_backward(dy, x, w, nullptr, dw, db);  // dw and db only
+      return;
+    }
+  }
+  Backend::linear_dgelu_backward(dy, x, w, pre, dpre, dw, db);
 }
 
 }  // namespace gpt

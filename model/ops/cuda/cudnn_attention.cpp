@@ -456,11 +456,16 @@ std::string CudnnAttention::precheck(const SdpaShape& s, int sm, bool backward) 
   if (s.D % 8 != 0 || s.D > max_d)
     return "head dim " + std::to_string(s.D) + " is not a multiple of 8 up to " + std::to_string(max_d);
   if (backward && s.T == 1) return "cuDNN's fused attention backward needs a sequence longer than 1";
-  // The graphs are the ones cudnn-frontend builds for cuDNN 9.16 and later; older 9.x runtimes need
-  // workarounds (dQ_accum zeroed by the caller, a finite mask value, padding masks) that are not built here.
+  // The graphs are the ones cudnn-frontend builds for cuDNN 9.10 and later (a -inf mask value; dQ_accum
+  // needs no zeroing since 9.6). Its constraints for the releases since: 9.10.0 and 9.10.1 have known
+  // backward bugs, and up to 9.15 a key length that is not a multiple of 128 needs a padding mask, which
+  // is not built here: such calls go unfused (both passes, so a step never mixes the two paths).
   const size_t version = cudnnGetVersion();
-  if (version < 91600 || version / 10000 != CUDNN_MAJOR)
-    return "cuDNN " + std::to_string(version) + " at run time; the fused attention graphs need 9.16 or newer 9.x";
+  if (version / 10000 != CUDNN_MAJOR || version < 91002)
+    return "cuDNN " + std::to_string(version) + " at run time; the fused attention graphs need 9.10.2 or newer 9.x";
+  if (version < 91600 && s.T % 128 != 0)
+    return "cuDNN " + std::to_string(version) + " at run time needs the sequence length to be a multiple of 128 "
+           "(T=" + std::to_string(s.T) + "; 9.16 and newer take any length)";
   return {};
 }
 
