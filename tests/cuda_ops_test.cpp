@@ -307,7 +307,8 @@ TEST_P(CudaVsCpuDtype, LinearGeluEpilogues) {
     Pair dw = randn_pair({h, ffn}, DType::F32, 0.1f), db = randn_pair({h}, DType::F32, 0.1f);
     cpu->linear_dgelu_backward(dy.c, act.c, w2.c, pre.c, dpre.c, dw.c, &db.c);
     gpu->linear_dgelu_backward(dy.g, act.g, w2.g, pre.g, dpre.g, dw.g, &db.g);
-    expect_close(dpre, dt == DType::F32 ? 1e-5 : 2e-2, "linear dgelu dpre " + at);
+    // fp32: dy . w sums 768 products, then gelu' (seen 9e-6 on an H200).
+    expect_close(dpre, dt == DType::F32 ? 5e-5 : 2e-2, "linear dgelu dpre " + at);
     expect_close(dw, tol(dt), "linear dgelu dw (accumulated) " + at);
     expect_close(db, tol(dt), "linear dgelu db (accumulated) " + at);
     std::printf("[info] GELU epilogue products %s: %zu of 2\n", at.c_str(), fused_products() - fused_before);
@@ -495,6 +496,44 @@ TEST_P(CudaVsCpuDtype, LayerNormForwardBackward) {
     expect_close(dx, tol(dt), "dx" + at);
     expect_close(dgamma, tol(dt), "dgamma" + at);
     expect_close(dbeta, tol(dt), "dbeta" + at);
+  }
+}
+
+// The residual add fused with LayerNorm (forward: h = x + r, then LayerNorm of h; backward: dx = LayerNorm's
+// dx + dres): the same bits as the GPU's separate add, layernorm and accumulate, and close to the CPU.
+TEST_P(CudaVsCpuDtype, AddLayerNormFusedMatchesSeparateOps) {
+  const DType dt = GetParam();
+  for (int64_t C : {8, 100, 2048}) {
+    const int64_t N = 131;
+    const std::string at = std::string(" ") + dtype_name(dt) + " C=" + std::to_string(C);
+    Pair x = randn_pair({N, C}, dt, 2.f), r = randn_pair({N, C}, dt), gamma = randn_pair({C}, dt);
+    Pair beta = randn_pair({C}, dt);
+    Pair h = empty({N, C}, dt), y = empty({N, C}, dt), mean = empty({N}), rstd = empty({N});
+    cpu->add_layernorm_forward(x.c, r.c, gamma.c, beta.c, h.c, y.c, mean.c, rstd.c, 1e-5f);
+    gpu->add_layernorm_forward(x.g, r.g, gamma.g, beta.g, h.g, y.g, mean.g, rstd.g, 1e-5f);
+    expect_close(h, tol(dt), "add+layernorm h" + at);
+    expect_close(y, tol(dt), "add+layernorm y" + at);
+    expect_close(rstd, 1e-5, "add+layernorm rstd" + at);
+    Tensor h2 = gpu->empty({N, C}, dt), y2 = gpu->empty({N, C}, dt), m2 = gpu->empty({N}), r2 = gpu->empty({N});
+    gpu->add(x.g, r.g, h2);
+    gpu->layernorm_forward(h2, gamma.g, beta.g, y2, m2, r2, 1e-5f);
+    EXPECT_EQ(host(*gpu, h.g), host(*gpu, h2)) << "h" << at;
+    EXPECT_EQ(host(*gpu, y.g), host(*gpu, y2)) << "y" << at;
+
+    Pair dy = randn_pair({N, C}, dt), dres = randn_pair({N, C}, dt), dx = empty({N, C}, dt);
+    Pair dgamma = randn_pair({C}), dbeta = randn_pair({C});
+    const Vec dg0 = host(*gpu, dgamma.g), db0 = host(*gpu, dbeta.g);
+    cpu->layernorm_backward_add(dy.c, h.c, gamma.c, mean.c, rstd.c, dres.c, dx.c, dgamma.c, dbeta.c);
+    gpu->layernorm_backward_add(dy.g, h.g, gamma.g, mean.g, rstd.g, dres.g, dx.g, dgamma.g, dbeta.g);
+    expect_close(dx, tol(dt), "layernorm+residual dx" + at);
+    expect_close(dgamma, tol(dt), "layernorm+residual dgamma" + at);
+    Tensor dx2 = gpu->empty({N, C}, dt), dg2 = gpu->empty({C}), db2 = gpu->empty({C});
+    gpu->upload(dg0.data(), dg2);
+    gpu->upload(db0.data(), db2);
+    gpu->layernorm_backward(dy.g, h.g, gamma.g, mean.g, rstd.g, dx2, dg2, db2);
+    gpu->accumulate(dres.g, dx2);
+    EXPECT_EQ(host(*gpu, dx.g), host(*gpu, dx2)) << "dx" << at;
+    EXPECT_EQ(host(*gpu, dgamma.g), host(*gpu, dg2)) << "dgamma" << at;
   }
 }
 
