@@ -1,4 +1,4 @@
-// LayerNorm and RMSNorm layers over the backend's kernels.
+// LayerNorm and RMSNorm layers over the backend's kernels, with the residual add before them.
 #include "model/norm.h"
 
 namespace gpt {
@@ -33,6 +33,32 @@ void Norm::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, const 
     ctx.backend.rmsnorm_backward(dy, x, weight_->value, cache.rstd, dx, weight_->grad);
   else
     ctx.backend.layernorm_backward(dy, x, weight_->value, cache.mean, cache.rstd, dx, weight_->grad, bias_->grad);
+}
+
+void Norm::forward_add(LayerContext& ctx, const Tensor& a, const Tensor& b, Tensor& h, Tensor& y, Cache& cache) const {
+  h = ctx.backend.empty(a.shape(), a.dtype());
+  if (kind_ == Normalization::RMSNorm) {
+    ctx.backend.add(a, b, h);
+    forward(ctx, h, y, cache);
+    return;
+  }
+  const int64_t n = a.dim(0);
+  cache.rstd = ctx.backend.empty({n});
+  y = ctx.backend.empty(a.shape(), a.dtype());
+  cache.mean = ctx.backend.empty({n});
+  ctx.backend.add_layernorm_forward(a, b, weight_->value, bias_->value, h, y, cache.mean, cache.rstd, eps_);
+}
+
+void Norm::backward_add(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, const Tensor& dres,
+                        Tensor& dx) const {
+  if (kind_ == Normalization::RMSNorm) {
+    backward(ctx, dy, x, cache, dx);
+    ctx.backend.accumulate(dres, dx);
+    return;
+  }
+  dx = ctx.backend.empty(x.shape(), x.dtype());
+  ctx.backend.layernorm_backward_add(dy, x, weight_->value, cache.mean, cache.rstd, dres, dx, weight_->grad,
+                                     bias_->grad);
 }
 
 }  // namespace gpt

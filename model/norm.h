@@ -19,6 +19,11 @@ class Norm {
   Norm(ParameterSet& params, const std::string& prefix, int64_t hidden, float eps, Normalization kind);
   void forward(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const;
   void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, Tensor& dx) const;
+  // The residual add before the norm: h = a + b (allocated here), then forward(h); and backward with the
+  // residual stream's gradient dres added into dx. LayerNorm's are fused where the backend can.
+  void forward_add(LayerContext& ctx, const Tensor& a, const Tensor& b, Tensor& h, Tensor& y, Cache& cache) const;
+  void backward_add(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, const Tensor& dres,
+                    Tensor& dx) const;
 
  private:
   Normalization kind_;

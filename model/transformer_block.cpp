@@ -77,10 +77,8 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   Tensor proj_partial;
   proj_.forward(ctx, c.att, proj_partial);
   Tensor attn_out = exit_tp_region(ctx, proj_partial);
-  c.h = be.empty(x.shape(), x.dtype());
-  be.add(x, attn_out, c.h);
-  // MLP branch: out = h + fc2(act(fc1(ln2(h))))
-  ln2_.forward(ctx, c.h, c.ln2, c.ln2_stats);
+  // MLP branch: out = h + fc2(act(fc1(ln2(h)))), h = x + attention (the add runs with ln2)
+  ln2_.forward_add(ctx, x, attn_out, c.h, c.ln2, c.ln2_stats);
   c.ln2_full = enter_tp_region(ctx, c.ln2);
   activation_.forward_through(ctx, fc1_, c.ln2_full, c.fc1, c.act);
   Tensor fc2_partial;
@@ -112,8 +110,7 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   activation_.backward_through(ctx, fc2_, dout_full, c.act, c.fc1, dfc1);
   fc1_.backward(ctx, dfc1, c.ln2_full, &dln2_full);
   Tensor dln2 = enter_tp_region_backward(ctx, dln2_full);
-  ln2_.backward(ctx, dln2, c.h, c.ln2_stats, dh);
-  be.accumulate(dout, dh);  // residual
+  ln2_.backward_add(ctx, dln2, c.h, c.ln2_stats, dout, dh);  // dh = ln2's gradient + the residual's
   c.act = c.fc1 = c.ln2 = c.ln2_full = Tensor();
   // Attention branch
   Tensor dh_full = exit_tp_region_backward(ctx, dh);

@@ -1,4 +1,5 @@
-// Backend pieces shared by every implementation (zeros, the composed linear+GELU defaults) and the factory that maps the config's `backend`
+// Backend pieces shared by every implementation (zeros, the composed linear+GELU and add+LayerNorm
+// defaults) and the factory that maps the config's `backend`
 // value to an implementation compiled into this binary.
 #include "model/ops/backend.h"
 
@@ -27,6 +28,19 @@ void Backend::linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Ten
   Tensor dact = empty(pre.shape(), pre.dtype());
   linear_backward(dy, x, w, &dact, dw, db);
   gelu_backward(dact, pre, dpre);
+}
+
+void Backend::add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
+                                    Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+  add(x, r, h);
+  layernorm_forward(h, gamma, beta, y, mean, rstd, eps);
+}
+
+void Backend::layernorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& dres, Tensor& dx, Tensor& dgamma,
+                                     Tensor& dbeta) {
+  layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+  accumulate(dres, dx);
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {

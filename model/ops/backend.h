@@ -67,6 +67,14 @@ class Backend {
   // dx = ...; dgamma += ...; dbeta += ...
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+  // The residual add before a LayerNorm, fused where a backend can: h = x + r, then layernorm_forward of h
+  // (h is kept: it is the block's residual stream); and layernorm_backward with the residual stream's
+  // gradient added, dx = (layernorm's dx) + dres. The defaults compose add, layernorm_* and accumulate.
+  virtual void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
+                                     Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, float eps);
+  virtual void layernorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dres, Tensor& dx, Tensor& dgamma,
+                                      Tensor& dbeta);
 
   // ---- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
   virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;

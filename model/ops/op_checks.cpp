@@ -50,6 +50,12 @@ LinearDims check_linear(const OpChecks& c, const Tensor& x, const Tensor& w, con
   return {rows, in, out};
 }
 
+void check_add_norm(const OpChecks& c, const Tensor& x, const Tensor& r, const Tensor& h, const char* op) {
+  check_elementwise(c, op, {{x, "x"}, {r, "r"}, {h, "h"}});
+  c.require(h.dtype() == x.dtype(), op, "h must have x's dtype " + std::string(dtype_name(x.dtype())) + ", got " +
+                                            describe(h));
+}
+
 int64_t check_elementwise(const OpChecks& c, const char* op, std::initializer_list<NamedTensor> args) {
   for (const NamedTensor& a : args) c.require_float(a.tensor, op, a.name);
   const NamedTensor& first = *args.begin();

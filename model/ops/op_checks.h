@@ -99,6 +99,8 @@ RopeDims check_rope(const OpChecks& c, const Tensor& qkv, int64_t B, int64_t T, 
 
 // layernorm: x's rows of width C (the rows are returned).
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op);
+// The residual add fused before a norm: x, r and h float with x's element count, h of x's dtype.
+void check_add_norm(const OpChecks& c, const Tensor& x, const Tensor& r, const Tensor& h, const char* op);
 // layernorm_backward's other arguments, for N rows of width C.
 void check_layernorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,

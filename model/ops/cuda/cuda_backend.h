@@ -78,6 +78,10 @@ class CudaBackend final : public Backend {
                          Tensor& rstd, float eps) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+  void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta, Tensor& h,
+                             Tensor& y, Tensor& mean, Tensor& rstd, float eps) override;
+  void layernorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& dres, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
 
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) override;
@@ -155,6 +159,12 @@ class CudaBackend final : public Backend {
   // when cuBLASLt takes no such problem; the caller then runs gemm() and the bias step on its own.
   bool lt_gemm(const GemmArgs& g, cuda::LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op,
                void* aux = nullptr);
+  // LayerNorm's kernels with the residual add fused in (r, h) or out (dres), each optional.
+  void layernorm_forward_impl(const Tensor& x, const Tensor* r, Tensor* h, const Tensor& gamma, const Tensor& beta,
+                              Tensor& y, Tensor& mean, Tensor& rstd, float eps, const char* op);
+  void layernorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                               const Tensor& rstd, const Tensor* dres, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                               const char* op);
   // Products cuBLASLt ran so far, as distinct cached problems (for tests).
   size_t lt_plans() const;
   // Products that ran with a GELU epilogue (GELU_AUX(_BIAS) or DGELU) so far (for tests).

@@ -4,6 +4,9 @@
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma, xhat = (x - mean) * rstd.
 // The gamma and beta gradients are column sums over rows, taken like the bias gradient: fp32 partial sums
 // per chunk of 64 rows, then added chunk by chunk in order (reproducible, no atomics).
+// The residual add before a block's second LayerNorm runs in the forward kernel (h = x + r is written,
+// rounded to its dtype, and normalised as read back, exactly as the separate add then LayerNorm), and the
+// residual's gradient in the dx kernel (dx = LN'(dy), rounded, + dres), saving a pass over the rows each.
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -25,24 +28,29 @@ struct LnTensors {
   DType gd;
 };
 
-// Rows of x [N, C] -> y, mean[N], rstd[N]. Block = 8 warps, one row each.
-__global__ void layernorm_forward_kernel(LnTensors in, const void* beta, DType bd, void* y, DType yd, float* mean,
-                                         float* rstd, int64_t N, int64_t C, float eps) {
+// Rows of x [N, C] -> y, mean[N], rstd[N]. Block = 8 warps, one row each. With r non-null the rows are
+// h = x + r, written to h (x's dtype) and normalised as stored.
+__global__ void layernorm_forward_kernel(LnTensors in, const void* r, DType rd, void* h, const void* beta, DType bd,
+                                         void* y, DType yd, float* mean, float* rstd, int64_t N, int64_t C, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // the whole warp leaves together
   const int64_t base = row * C;
+  const void* src = r ? h : in.x;  // each lane reads back only the columns it wrote
   float s = 0.f;
-  for (int64_t c = lane; c < C; c += 32) s += load_as_f32(in.x, in.xd, base + c);
+  for (int64_t c = lane; c < C; c += 32) {
+    if (r) store_from_f32(h, in.xd, base + c, load_as_f32(in.x, in.xd, base + c) + load_as_f32(r, rd, base + c));
+    s += load_as_f32(src, in.xd, base + c);
+  }
   const float mu = warp_sum(s) / static_cast<float>(C);
   float q = 0.f;
   for (int64_t c = lane; c < C; c += 32) {
-    const float d = load_as_f32(in.x, in.xd, base + c) - mu;
+    const float d = load_as_f32(src, in.xd, base + c) - mu;
     q += d * d;
   }
   const float rs = 1.f / sqrtf(warp_sum(q) / static_cast<float>(C) + eps);
   for (int64_t c = lane; c < C; c += 32) {
-    const float xhat = (load_as_f32(in.x, in.xd, base + c) - mu) * rs;
+    const float xhat = (load_as_f32(src, in.xd, base + c) - mu) * rs;
     store_from_f32(y, yd, base + c, xhat * load_as_f32(in.gamma, in.gd, c) + load_as_f32(beta, bd, c));
   }
   if (lane == 0) {
@@ -51,9 +59,9 @@ __global__ void layernorm_forward_kernel(LnTensors in, const void* beta, DType b
   }
 }
 
-// dx for each row; same block shape as the forward.
+// dx for each row; same block shape as the forward. With dres non-null, dx = round(LN'(dy)) + dres.
 __global__ void layernorm_dx_kernel(LnTensors in, const void* dy, DType dyd, const float* mean, const float* rstd,
-                                    void* dx, DType dxd, int64_t N, int64_t C) {
+                                    const void* dres, DType rd, void* dx, DType dxd, int64_t N, int64_t C) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -71,7 +79,14 @@ __global__ void layernorm_dx_kernel(LnTensors in, const void* dy, DType dyd, con
   for (int64_t c = lane; c < C; c += 32) {
     const float xhat = (load_as_f32(in.x, in.xd, base + c) - mu) * rs;
     const float g = load_as_f32(dy, dyd, base + c) * load_as_f32(in.gamma, in.gd, c);
-    store_from_f32(dx, dxd, base + c, rs * (g - mean_g - xhat * mean_gx));
+    const float v = rs * (g - mean_g - xhat * mean_gx);
+    if (dres) {  // the separate ops' rounding, then the residual's add (dres read first: it may be dx)
+      const float res = load_as_f32(dres, rd, base + c);
+      store_from_f32(dx, dxd, base + c, v);
+      store_from_f32(dx, dxd, base + c, load_as_f32(dx, dxd, base + c) + res);
+    } else {
+      store_from_f32(dx, dxd, base + c, v);
+    }
   }
 }
 
@@ -111,7 +126,19 @@ unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
                                     Tensor& rstd, float eps) {
-  const char* op = "layernorm_forward";
+  layernorm_forward_impl(x, nullptr, nullptr, gamma, beta, y, mean, rstd, eps, "layernorm_forward");
+}
+
+void CudaBackend::add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
+                                        Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, float eps) {
+  const char* op = "add_layernorm_forward";
+  ops::check_add_norm(kChecks, x, r, h, op);
+  layernorm_forward_impl(x, &r, &h, gamma, beta, y, mean, rstd, eps, op);
+}
+
+void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor* r, Tensor* h, const Tensor& gamma,
+                                         const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd, float eps,
+                                         const char* op) {
   require_float(gamma, op, "gamma");
   require_float(beta, op, "beta");
   const int64_t C = gamma.numel();
@@ -126,22 +153,37 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
   if (N == 0) return;
   require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
   layernorm_forward_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-      {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, beta.raw(), beta.dtype(), y.raw(), y.dtype(), mean.f32(),
-      rstd.f32(), N, C, eps);
+      {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, r ? r->raw() : nullptr, r ? r->dtype() : x.dtype(),
+      h ? h->raw() : nullptr, beta.raw(), beta.dtype(), y.raw(), y.dtype(), mean.f32(), rstd.f32(), N, C, eps);
   check_launch(op);
 }
 
 void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                      const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  const char* op = "layernorm_backward";
+  layernorm_backward_impl(dy, x, gamma, mean, rstd, nullptr, dx, dgamma, dbeta, "layernorm_backward");
+}
+
+void CudaBackend::layernorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                         const Tensor& rstd, const Tensor& dres, Tensor& dx, Tensor& dgamma,
+                                         Tensor& dbeta) {
+  const char* op = "layernorm_backward_add";
+  require_float(dres, op, "dres");
+  require_numel(dres, x.numel(), op, "dres", "x's shape " + shape_str(x.shape()));
+  layernorm_backward_impl(dy, x, gamma, mean, rstd, &dres, dx, dgamma, dbeta, op);
+}
+
+void CudaBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                          const Tensor& rstd, const Tensor* dres, Tensor& dx, Tensor& dgamma,
+                                          Tensor& dbeta, const char* op) {
   require_float(gamma, op, "gamma");
   const int64_t C = gamma.numel();
   const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
   ops::check_layernorm_backward(kChecks, dy, x, mean, rstd, dx, dgamma, dbeta, N, C, op);
   if (N == 0) return;
   const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
-  layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(in, dy.raw(), dy.dtype(), mean.f32(),
-                                                                         rstd.f32(), dx.raw(), dx.dtype(), N, C);
+  layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+      in, dy.raw(), dy.dtype(), mean.f32(), rstd.f32(), dres ? dres->raw() : nullptr, dres ? dres->dtype() : dx.dtype(),
+      dx.raw(), dx.dtype(), N, C);
   check_launch(op);
   const int64_t chunks = column_sum_chunks(N);
   require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");
