@@ -10,7 +10,10 @@ void LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor& t
                              Tensor& row_max, Tensor& sum_exp, Tensor& loss_sum) const {
   Backend& be = ctx.backend;
   const int64_t n = x.dim(0);
-  logits = be.empty({n, weight_->value.dim(0)});
+  // bf16 weights give bf16 logits (as Megatron's bf16 LM head; the cross-entropy reads them in fp32):
+  // no fp32 [N, V/t] copy; fp16 and fp32 runs keep fp32 logits (fp16's range is narrow for the gradient).
+  const DType ldt = weight_->value.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
+  logits = be.empty({n, weight_->value.dim(0)}, ldt);
   be.linear_forward(x, weight_->value, nullptr, logits);  // x here spans all N rows
   row_max = be.empty({n});
   be.ce_row_max(logits, vocab_start_, vocab_size_, row_max);
@@ -43,11 +46,9 @@ void LMHeadLoss::forward_backward(LayerContext& ctx, const Tensor& x, const Tens
   Tensor logits, row_max, sum_exp;
   Tensor x_full = enter_tp_region(ctx, x);
   loss_pieces(ctx, x_full, targets, logits, row_max, sum_exp, loss_sum);
-  // [N, V/t] fp32 logits are the largest activation of the step. Their gradient overwrites them in place,
-  // or, with bf16 weights, goes straight to bf16 (the precision the product reads it in, as autocast
-  // rounds it), and the logits are freed before the product.
-  const DType wdt = weight_->value.dtype();
-  Tensor dlogits = wdt == DType::BF16 ? be.empty(logits.shape(), wdt) : logits;
+  // [N, V/t] logits are the largest activation of the step. Their gradient overwrites them in place, in
+  // their dtype (bf16 with bf16 weights: the precision the product reads it in).
+  Tensor dlogits = logits;
   be.ce_backward(logits, row_max, sum_exp, targets, vocab_start_, vocab_size_, grad_scale, dlogits);
   logits = Tensor();
   Tensor dx_full = be.empty(x_full.shape(), x_full.dtype());

@@ -44,8 +44,7 @@ struct TensorSizes {
   int64_t fc1 = 0;    // [N, ffn/tp], or [N, 2 ffn/tp] for SwiGLU's gate | up (also its gradient dfc1)
   int64_t act = 0;    // [N, ffn/tp] (also its gradient dact)
   int64_t stats = 0;  // one norm's statistics, fp32 [rows outside]: mean and rstd (LayerNorm) or rstd (RMSNorm)
-  int64_t logits = 0; // [N, padded vocab / tp] fp32
-  int64_t dlogits = 0; // their gradient when it is a tensor of its own: bf16 weights (else 0: in place)
+  int64_t logits = 0; // [N, padded vocab / tp], bf16 in bf16 runs, else fp32; their gradient is in place
   int64_t row = 0;    // [N] fp32
   int64_t batch = 0;  // tokens + targets, int32 [N] each
   int64_t sp_X() const { return sp ? X : 0; }
@@ -73,8 +72,7 @@ TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   s.fc1 = N * (m.fc1_width() / l.tp) * d;
   s.act = N * (m.ffn / l.tp) * d;
   s.stats = (m.normalization == Normalization::LayerNorm ? 2 : 1) * rows * 4;
-  s.logits = 4 * N * (m.padded_vocab(l.tp) / l.tp);
-  if (l.dtype == DType::BF16) s.dlogits = 2 * N * (m.padded_vocab(l.tp) / l.tp);
+  s.logits = (l.dtype == DType::BF16 ? 2 : 4) * N * (m.padded_vocab(l.tp) / l.tp);  // bf16 with bf16 weights
   s.row = 4 * N;
   s.batch = 2 * 4 * N;
   return s;
@@ -136,8 +134,7 @@ void chunk_forward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompu
   L.alloc(s.sp_Xf());                   // output gathered for the head
   L.alloc(s.logits), L.alloc(s.row), L.alloc(s.row), L.alloc(s.row);  // logits, max, sum, target logit
   L.free(s.row);                        // target logit
-  if (s.dlogits) L.alloc(s.dlogits), L.free(s.logits);  // a bf16 gradient, then the logits go; else in place
-  const int64_t dlogits = s.dlogits ? s.dlogits : s.logits;
+  const int64_t dlogits = s.logits;  // the gradient, in place
   L.alloc(s.Xf), L.alloc(s.sp_X());     // dx over all rows, its row block (kept as head_dx)
   L.free(2 * s.row + dlogits + 2 * s.sp_Xf());
   L.free(s.X);                          // final layernorm output
