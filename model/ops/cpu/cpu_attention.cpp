@@ -2,9 +2,11 @@
 // heads each), flash-style: queries in blocks of kQueryRows against keys in blocks of kKeyRows, an online
 // softmax, and per-thread scratch only, so memory does not grow with B*H*T^2 (the [B, H, T, T]
 // probabilities are never formed). Q, K and V are read in place from the packed qkv rows (leading
-// dimension (H + 2G)*D; query head h reads key/value group h / (H/G)). Block products are single-threaded oneDNN matmuls (cpu_matmul.h)
-// issued from OpenMP loops; with bf16 activations they take bf16 operands (P and dS rounded to bf16 for
-// the products that consume them, as fused GPU kernels do) and accumulate in fp32.
+// dimension (H + 2G)*D; query head h reads key/value group h / (H/G)). Block products are single-threaded
+// oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops; with bf16 activations, on CPUs where small bf16
+// products are fast (AVX512-BF16 without AMX), they take bf16 operands (P and dS rounded to bf16 for the
+// products that consume them, as fused GPU kernels do) and accumulate in fp32; elsewhere they run in fp32
+// on converted copies.
 //
 // Forward, per (sequence, head, query block), over key blocks j up to the diagonal:
 //   S = scale Q K_j^T;  m' = max(m, rowmax S);  P = exp(S - m');  l = l e^(m - m') + rowsum P;
@@ -124,8 +126,9 @@ void store_rows(const float* block, int64_t rows, int64_t D, const float* scale,
   }
 }
 
-// The products run in bf16 when the activations are bf16.
-bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16; }
+// The products run in bf16 when the activations are bf16 and this CPU runs small bf16 products faster than
+// fp32 ones (matmul_small_bf16_is_fast); else on fp32 copies of Q, K, V and dO, with P and dS kept in fp32.
+bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16 && matmul_small_bf16_is_fast(); }
 
 }  // namespace
 
