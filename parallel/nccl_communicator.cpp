@@ -5,7 +5,11 @@
 #ifdef GPT_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
 
+#include <chrono>
+#include <mutex>
+#include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "model/ops/cuda/cuda_backend.h"
 #include "parallel/mpi_communicator.h"
@@ -25,6 +29,16 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::Min: return ncclMin;
     default: return ncclSum;
   }
+}
+
+// Every NcclCommunicator of the process, for abort_every_group.
+std::mutex& live_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<NcclCommunicator*>& live_groups() {
+  static std::set<NcclCommunicator*> groups;
+  return groups;
 }
 
 std::string mpi_error(int rc) {
@@ -91,6 +105,72 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> host_group, Bac
   }
   check(ncclCommInitRank(&comm_, size_, id, rank_), nullptr, "ncclCommInitRank");
   if (p2p_channels && size_ > 1) make_channels();
+  wait_checks_ = cuda->wait_checks();
+  wait_checks_->add(this, [this] { poll_async_errors(); });
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_groups().insert(this);
+}
+
+// ---- asynchronous errors ----
+
+void NcclCommunicator::poll_async_errors() {
+  if (aborted_) return;
+  const auto state_of = [](ncclComm_t c) {
+    ncclResult_t state = ncclSuccess;
+    if (c == nullptr || ncclCommGetAsyncError(c, &state) != ncclSuccess || state == ncclInProgress) return ncclSuccess;
+    return state;
+  };
+  ncclComm_t failed = nullptr;
+  ncclResult_t state = state_of(comm_);
+  std::string where = "the group's communicator";
+  if (state != ncclSuccess) failed = comm_;
+  for (auto* channels : {&out_channels_, &in_channels_})
+    for (auto& [peer, ch] : *channels) {
+      if (failed) break;
+      state = state_of(ch.comm);
+      if (state == ncclSuccess) continue;
+      failed = ch.comm;
+      where = std::string("the point-to-point channel ") + (channels == &out_channels_ ? "to" : "from") + " rank " +
+              std::to_string(peer);
+    }
+  if (!failed) return;
+  const char* last = ncclGetLastError(failed);
+  const std::string detail = last && *last ? std::string(" (") + last + ")" : "";
+  abort_every_group();
+  throw std::runtime_error("NcclCommunicator(" + name_ + ") rank " + std::to_string(rank_) +
+                           ": NCCL reported an asynchronous error on " + where + ": " + ncclGetErrorString(state) +
+                           detail + "; a rank of this group (ranks 0-" + std::to_string(size_ - 1) +
+                           ") has failed or cannot be reached. Its NCCL communicators are aborted.");
+}
+
+void NcclCommunicator::abort_all() {
+  if (aborted_) return;
+  aborted_ = true;
+  for (auto* channels : {&out_channels_, &in_channels_})
+    for (auto& [peer, ch] : *channels)
+      if (ch.comm) {
+        ncclCommAbort(ch.comm);
+        ch.comm = nullptr;
+      }
+  if (comm_) {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+void NcclCommunicator::abort_every_group() {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  for (NcclCommunicator* c : live_groups()) c->abort_all();
+}
+
+void NcclCommunicator::wait_stream(cudaStream_t stream, const char* op) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, op);
+    poll_async_errors();
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 20 : 500));
+  }
 }
 
 void NcclCommunicator::make_channels() {
@@ -126,7 +206,17 @@ void NcclCommunicator::make_channels() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Nothing may be in flight when the communicators go; errors are ignored (destructors cannot throw).
+  if (wait_checks_) wait_checks_->remove(this);
+  {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    live_groups().erase(this);
+  }
+  // Nothing may be in flight when the communicators go; errors are ignored (destructors cannot throw). A
+  // communicator that died is aborted first, so that the waits below end.
+  try {
+    poll_async_errors();
+  } catch (...) {
+  }
   cudaStreamSynchronize(stream_);
   for (auto* channels : {&out_channels_, &in_channels_})
     for (auto& [peer, ch] : *channels)
@@ -213,6 +303,9 @@ void NcclCommunicator::give_event(cudaEvent_t e, bool timing) {
 }
 
 void NcclCommunicator::begin(cudaStream_t stream) {
+  if (aborted_)
+    throw std::runtime_error("NcclCommunicator(" + name_ + ") rank " + std::to_string(rank_) +
+                             ": the group's NCCL communicators were aborted after an asynchronous error");
   collect_timings();
   cudaEvent_t ready = take_event(false);
   check_cuda(cudaEventRecord(ready, compute_), "cudaEventRecord");
@@ -360,9 +453,9 @@ void NcclCommunicator::broadcast(Tensor& t, int root) {
 }
 
 void NcclCommunicator::barrier() {
-  check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-  for (auto& [peer, ch] : out_channels_) check_cuda(cudaStreamSynchronize(ch.stream), "cudaStreamSynchronize");
-  for (auto& [peer, ch] : in_channels_) check_cuda(cudaStreamSynchronize(ch.stream), "cudaStreamSynchronize");
+  wait_stream(stream_, "barrier");
+  for (auto& [peer, ch] : out_channels_) wait_stream(ch.stream, "barrier");
+  for (auto& [peer, ch] : in_channels_) wait_stream(ch.stream, "barrier");
   collect_timings();
   host_->barrier();
 }

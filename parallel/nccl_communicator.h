@@ -44,6 +44,10 @@
 
 namespace gpt {
 
+namespace cuda {
+class WaitChecks;
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over the ranks of `host_group` (an MpiCommunicator, or a SelfCommunicator for a group of
@@ -77,6 +81,11 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingSend> all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum) override;
   std::unique_ptr<PendingSend> reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts) override;
   cudaStream_t comm_stream() const { return stream_; }
+  // Polls each of this group's NCCL communicators for an asynchronous error (a peer that died or became
+  // unreachable); on one, aborts them all, so that no kernel of theirs waits on, and throws naming the
+  // group, this rank and the communicator (every other group of the process is aborted too). The CUDA
+  // backend runs it while the host waits for the device.
+  void poll_async_errors();
 
  private:
   struct Channel {
@@ -106,6 +115,11 @@ class NcclCommunicator final : public Communicator {
   bool on_host(const Tensor& t) const;
   ncclDataType_t reduce_type(const Tensor& t, const char* op) const;
   void make_channels();
+  void abort_all();  // ncclCommAbort on every communicator of the group, once
+  // After an asynchronous error: every live NcclCommunicator of the process aborts its communicators, so
+  // that no other group's kernels keep the device (and the unwinding destructors) waiting.
+  static void abort_every_group();
+  void wait_stream(cudaStream_t stream, const char* op);  // polling, with poll_async_errors
 
   cudaEvent_t take_event(bool timing);
   void give_event(cudaEvent_t e, bool timing);
@@ -128,6 +142,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> host_;
   MPI_Comm mpi_ = MPI_COMM_NULL;  // private duplicate of host_'s communicator; null for a group of one
   Backend& backend_;
+  std::shared_ptr<cuda::WaitChecks> wait_checks_;  // the CUDA backend's, which this registers with
+  bool aborted_ = false;
   cudaStream_t compute_ = nullptr;
   std::string name_;
   int rank_ = 0, size_ = 1;

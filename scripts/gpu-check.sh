@@ -9,7 +9,8 @@
 #   4. throughput of a GPT-2 124M-like and a GPT-3 1.3B-like model on one GPU in bf16 with synthetic
 #      data: tokens/s, TFLOP/s, MFU, first and last loss and grad norm, NaN or skipped steps, memory;
 #   5. key/value-cached generation from the 124M run's weights (tokens/s).
-# A failing test binary runs once more with CUDA_LAUNCH_BLOCKING=1 to name the faulting op; NCCL_DEBUG=WARN.
+# A failing test binary runs once more with CUDA_LAUNCH_BLOCKING=1 and GPT_CUDA_SYNC_CHECKS=1 (every launch
+# and library call waited for and checked) to name the faulting op; NCCL_DEBUG=WARN.
 # The whole run fits in 8 minutes and prints each step's time; `run --quick` runs steps 1 and 4 only, in
 # under 3 minutes, for a second try. The models are configs/gpt2-124m.yaml and configs/gpt2-1.3b.yaml as
 # they are, except for what one GPU and a short run need: tensor parallelism off, a global batch of two
@@ -243,8 +244,8 @@ gtest_step() {  # NAME BINARY TIMEOUT [gtest args...]
   local rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) +\]" "$LOG/$name.log" | head -40
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(left)" -gt 90 ]; then
-    say "$name failed (exit $rc): once more with CUDA_LAUNCH_BLOCKING=1"
-    CUDA_LAUNCH_BLOCKING=1 timeout 90 "$bin" "$@" >"$LOG/$name.blocking.log" 2>&1
+    say "$name failed (exit $rc): once more with CUDA_LAUNCH_BLOCKING=1 GPT_CUDA_SYNC_CHECKS=1"
+    CUDA_LAUNCH_BLOCKING=1 GPT_CUDA_SYNC_CHECKS=1 timeout 90 "$bin" "$@" >"$LOG/$name.blocking.log" 2>&1
     grep -E "^\[  FAILED +\]|Failure|error|CUDA|cuBLAS|cuDNN|NCCL" "$LOG/$name.blocking.log" | grep -v "^\[error\]" | head -20
   fi
   return "$rc"

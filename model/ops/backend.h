@@ -69,7 +69,8 @@ class Backend {
                                   const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
   // The residual add before a LayerNorm, fused where a backend can: h = x + r, then layernorm_forward of h
   // (h is kept: it is the block's residual stream); and layernorm_backward with the residual stream's
-  // gradient added, dx = (layernorm's dx) + dres. The defaults compose add, layernorm_* and accumulate.
+  // gradient added, dx = (layernorm's dx) + dres (dx must not alias dres). The defaults compose add,
+  // layernorm_* and accumulate.
   virtual void add_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                      Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, float eps);
   virtual void layernorm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,

@@ -184,8 +184,10 @@ bool LtMatmulCache::run(const LtProblem& p, cudaStream_t stream, const char* op)
   const float alpha = 1.f;
   const cublasStatus_t s = cublasLtMatmul(handle_, plan.desc, &alpha, p.b, plan.a, p.a, plan.b, &p.beta, p.c, plan.c,
                                           p.c, plan.c, &plan.algo, workspace_, workspace_bytes_, stream);
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
-    plan.found = false;  // never try this problem on cuBLASLt again
+  // NOT_SUPPORTED, or for an epilogue INVALID_VALUE (a pointer its algorithm cannot take): never try this
+  // problem on cuBLASLt again; the caller's fallback runs.
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_INVALID_VALUE && p.epilogue != LtEpilogue::None)) {
+    plan.found = false;
     return false;
   }
   check_cublas(s, op, "cublasLtMatmul");

@@ -7,6 +7,9 @@
 // deleters may run after the last backend object is gone.
 #include "model/ops/cuda/cuda_backend.h"
 
+#include <chrono>
+#include <thread>
+
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -117,6 +120,7 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   check_cuda(cudaSetDevice(device_), "CudaBackend", "cudaSetDevice");
   DeviceContext& ctx = device_context(device_);
   stream_ = ctx.stream;
+  sync_check_stream() = stream_;
   cublas_ = ctx.cublas;
   lt_ = ctx.lt.get();
   error_device_ = ctx.error_device;
@@ -165,7 +169,61 @@ const void* CudaBackend::cached_device_copy(const void* host, size_t bytes, cons
   return it->second.raw();
 }
 
+namespace cuda {
+
+void WaitChecks::add(const void* owner, std::function<void()> check) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [o, c] : checks_)
+    if (o == owner) {
+      c = std::move(check);
+      return;
+    }
+  checks_.emplace_back(owner, std::move(check));
+}
+
+void WaitChecks::remove(const void* owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = checks_.begin(); it != checks_.end(); ++it)
+    if (it->first == owner) {
+      checks_.erase(it);
+      return;
+    }
+}
+
+bool WaitChecks::empty() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checks_.empty();
+}
+
+void WaitChecks::run() const {
+  std::vector<std::function<void()>> checks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [owner, check] : checks_) checks.push_back(check);
+  }
+  for (const auto& check : checks) check();
+}
+
+}  // namespace cuda
+
+// Without wait checks a plain cudaStreamSynchronize. With them, a polling wait: the stream is queried,
+// and while it is busy the checks run (one may throw), with 20 us pauses for the first 2 ms, then 500 us.
+void CudaBackend::wait_for_stream(const char* op) {
+  if (wait_checks_->empty()) {
+    check_cuda(cudaStreamSynchronize(stream_), op, "cudaStreamSynchronize");
+    return;
+  }
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, op, "cudaStreamQuery");
+    wait_checks_->run();
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 20 : 500));
+  }
+}
+
 void CudaBackend::raise_device_errors() {
+  wait_for_stream("synchronize");  // first: the copy below, into pageable memory, would block without polling
   DeviceErrorReport r{};
   check_cuda(cudaMemcpyAsync(&r, error_device_, sizeof r, cudaMemcpyDeviceToHost, stream_), "synchronize",
              "cudaMemcpyAsync (error report)");

@@ -15,10 +15,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/ops/backend.h"
 #include "model/ops/cuda/cublaslt_matmul.h"
@@ -40,6 +44,21 @@ struct DeviceErrorReport {
 
 enum class CudaOp : int { CeSumExp = 1, CeBackward = 2, EmbeddingForward = 3, EmbeddingBackward = 4 };
 enum class DeviceError : int { None = 0, TargetOutOfVocabulary = 1, NegativeTokenId = 2 };
+
+namespace cuda {
+// Checks run while the host waits for the device (CudaBackend::wait_checks).
+class WaitChecks {
+ public:
+  void add(const void* owner, std::function<void()> check);
+  void remove(const void* owner);
+  bool empty() const;
+  void run() const;  // each check in turn; one may throw
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::pair<const void*, std::function<void()>>> checks_;
+};
+}  // namespace cuda
 
 class CudaBackend final : public Backend {
  public:
@@ -137,6 +156,10 @@ class CudaBackend final : public Backend {
   size_t memory_reserved() const;
   // Waits for the compute stream, then raises (and clears) a problem a kernel recorded.
   void raise_device_errors();
+  // Checks run while the host waits for the compute stream, e.g. a communicator's asynchronous NCCL errors:
+  // a check that throws ends the wait with its error instead of a wait that never ends. One per owner.
+  // Shared, so that an owner destroyed after the backend can still remove its check.
+  std::shared_ptr<cuda::WaitChecks> wait_checks() const { return wait_checks_; }
 
   // Row-major products with fp32 accumulation, see cuda_gemm.cpp:
   // C[batch][m, n] = alpha * op(A)[m, k] . op(B)[k, n] + beta * C, A and B of dtype ab, C of dtype c.
@@ -184,6 +207,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cuda::LtMatmulCache* lt_ = nullptr;  // the device's, shared with every backend there
   size_t gelu_epilogue_products_ = 0;
+  std::shared_ptr<cuda::WaitChecks> wait_checks_ = std::make_shared<cuda::WaitChecks>();
+  // cudaStreamSynchronize, or with wait checks registered a polling wait that runs them. Called before any
+  // device-to-host copy into pageable memory, which would itself block without polling.
+  void wait_for_stream(const char* op);
   DeviceErrorReport* error_device_ = nullptr;
   int sm_ = 0;  // compute capability, e.g. 90
   std::map<std::string, Tensor> device_copies_;

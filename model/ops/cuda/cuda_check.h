@@ -6,6 +6,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -28,8 +30,37 @@ inline void check_cublas(cublasStatus_t s, const char* op, const char* what) {
     throw std::runtime_error(std::string("CudaBackend::") + op + ": " + what + " failed: " + cublas_status_name(s));
 }
 
-// Checks for an error from the kernel launch just made (bad configuration, missing kernel image).
-inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
+// GPT_CUDA_SYNC_CHECKS=1: every kernel launch and library call is waited for and checked at once, so an
+// asynchronous fault (an illegal address, a failed kernel) is reported by the op that caused it rather than
+// by a later synchronisation (as CUDA_LAUNCH_BLOCKING=1 does for launches; this also covers cuBLAS, cuBLASLt
+// and cuDNN). Slow: for finding a fault, not for training.
+inline bool sync_checks() {
+  static const bool on = [] {
+    const char* v = std::getenv("GPT_CUDA_SYNC_CHECKS");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// The compute stream the sync checks wait for (set by the CUDA backend): only it, so that a rank never
+// waits for its own communication streams, whose peers may be waiting for this rank's next call.
+inline cudaStream_t& sync_check_stream() {
+  static cudaStream_t stream = nullptr;
+  return stream;
+}
+
+// Under GPT_CUDA_SYNC_CHECKS: waits for the compute stream and raises what the work just enqueued by `op`
+// did.
+inline void sync_check(const char* op, const char* what) {
+  if (sync_checks()) check_cuda(cudaStreamSynchronize(sync_check_stream()), op, what);
+}
+
+// Checks for an error from the kernel launch just made (bad configuration, missing kernel image), and
+// under GPT_CUDA_SYNC_CHECKS for one from the kernel itself.
+inline void check_launch(const char* op) {
+  check_cuda(cudaGetLastError(), op, "kernel launch");
+  sync_check(op, "the kernel (waited for under GPT_CUDA_SYNC_CHECKS)");
+}
 
 // The shared argument checks (model/ops/op_checks.h), as the CUDA backend: messages read
 // "CudaBackend::<op>: ...", and tensors must live in GPU memory.

@@ -73,6 +73,7 @@ void CudaBackend::gemm(const GemmArgs& g, const char* op) {
                                    CUBLAS_GEMM_DEFAULT);
   }
   check_cublas(s, op, g.batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx");
+  sync_check(op, "the cuBLAS product (waited for under GPT_CUDA_SYNC_CHECKS)");
 }
 
 bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op,
@@ -88,7 +89,9 @@ bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DT
   p.beta = g.beta;
   p.tf32 = g.ab == DType::F32 && allow_tf32_;
   p.epilogue = epilogue, p.bias = bias, p.bias_dtype = bias_dtype, p.aux = aux;
-  return lt_->run(p, stream_, op);
+  const bool ran = lt_->run(p, stream_, op);
+  if (ran) sync_check(op, "the cuBLASLt product (waited for under GPT_CUDA_SYNC_CHECKS)");
+  return ran;
 }
 
 size_t CudaBackend::lt_plans() const { return lt_ ? lt_->plans() : 0; }

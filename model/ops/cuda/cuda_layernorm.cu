@@ -83,7 +83,7 @@ __global__ void layernorm_dx_kernel(LnTensors in, const void* dy, DType dyd, con
     if (dres) {  // the separate ops' rounding, then the residual's add (dres read first: it may be dx)
       const float res = load_as_f32(dres, rd, base + c);
       store_from_f32(dx, dxd, base + c, v);
-      store_from_f32(dx, dxd, base + c, load_as_f32(dx, dxd, base + c) + res);
+      store_from_f32(dx, dxd, base + c, __fadd_rn(load_as_f32(dx, dxd, base + c), res));  // never an FMA
     } else {
       store_from_f32(dx, dxd, base + c, v);
     }

@@ -125,6 +125,7 @@ void CudaBackend::download(const Tensor& src, float* host) {
   const int64_t n = src.numel();
   if (n > 0) {
     Tensor f32 = as_dtype(src, DType::F32);
+    wait_for_stream("download");  // a copy into pageable memory blocks; poll for communication errors first
     check_cuda(cudaMemcpyAsync(host, f32.raw(), n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "download",
                "cudaMemcpyAsync");
   }
@@ -140,6 +141,7 @@ void CudaBackend::upload_i32(const int32_t* host, Tensor& dst) {
 
 void CudaBackend::download_i32(const Tensor& src, int32_t* host) {
   require_dtype(src, DType::I32, "download_i32", "src");
+  wait_for_stream("download_i32");
   if (src.numel() > 0)
     check_cuda(cudaMemcpyAsync(host, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "download_i32",
                "cudaMemcpyAsync");
@@ -148,6 +150,7 @@ void CudaBackend::download_i32(const Tensor& src, int32_t* host) {
 
 void CudaBackend::download_f64(const Tensor& src, double* host) {
   require_dtype(src, DType::F64, "download_f64", "src");
+  wait_for_stream("download_f64");  // the step's one wait: polls for communication errors
   if (src.numel() > 0)
     check_cuda(cudaMemcpyAsync(host, src.raw(), src.bytes(), cudaMemcpyDeviceToHost, stream_), "download_f64",
                "cudaMemcpyAsync");

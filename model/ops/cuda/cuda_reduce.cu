@@ -107,6 +107,7 @@ double CudaBackend::sum_squares(const Tensor& t) {
   sum_partials_kernel<<<1, 1024, 0, stream_>>>(p, blocks, p + blocks);
   check_launch("sum_squares");
   double result = 0.0;
+  wait_for_stream("sum_squares");
   check_cuda(cudaMemcpyAsync(&result, p + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream_), "sum_squares",
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream_), "sum_squares", "cudaStreamSynchronize");
