@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
+#include <utility>
 
 #include "model/tensor.h"
 
@@ -169,6 +171,37 @@ inline bool aligned_to(int64_t bytes, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % bytes != 0) return false;
   return true;
+}
+
+template <int V>
+using Width = std::integral_constant<int, V>;
+
+// Calls f(Width<kChunk<T>>) when every row width in `widths` is a multiple of a chunk and every pointer
+// starts on a chunk boundary (of its own element type: `ptrs` pairs a pointer with its element size),
+// else f(Width<1>).
+template <class T, class F>
+void with_chunk_width(std::initializer_list<int64_t> widths, std::initializer_list<std::pair<const void*, int64_t>> ptrs,
+                      F&& f) {
+  constexpr int V = kChunk<T>;
+  bool whole = true;
+  for (int64_t w : widths) whole = whole && w % V == 0;
+  for (auto [p, elem] : ptrs) whole = whole && aligned_to(elem * V, {p});
+  if (whole)
+    f(Width<V>{});
+  else
+    f(Width<1>{});
+}
+
+// Calls f(T{}, W{}) with T the storage type of x's dtype and W gamma's (x's own, or float).
+template <class F>
+void with_norm_types(const Tensor& x, const Tensor& gamma, F&& f) {
+  with_float_type(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    if (gamma.dtype() == DType::F32)
+      f(t, float{});
+    else
+      f(t, T{});
+  });
 }
 
 }  // namespace gpt::cuda

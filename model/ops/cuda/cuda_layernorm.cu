@@ -4,9 +4,15 @@
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma, xhat = (x - mean) * rstd.
 // The gamma and beta gradients are column sums over rows, taken like the bias gradient: fp32 partial sums
 // per chunk of 64 rows, then added chunk by chunk in order (reproducible, no atomics).
+// Where the activations share one dtype T and gamma and beta one dtype W (T or fp32), kernels compiled for
+// (T, W) read whole 16-byte chunks when the width and addresses allow (cuda_half.cuh), else single
+// elements; other mixes take the generic kernels, which convert each element by its dtype.
 // The residual add before a block's second LayerNorm runs in the forward kernel (h = x + r is written,
-// rounded to its dtype, and normalised as read back, exactly as the separate add then LayerNorm), and the
-// residual's gradient in the dx kernel (dx = LN'(dy), rounded, + dres), saving a pass over the rows each.
+// rounded to its dtype, and normalised as read back), and the residual's gradient in the dx kernel
+// (dx = LN'(dy), rounded, + dres), saving a pass over the rows each. With r and dres of the activations'
+// dtype and every tensor 16-byte aligned (as the model's are) both pick the kernel the separate add then
+// LayerNorm (LayerNorm then accumulate) would, and give the same bits; a mix of dtypes or an unaligned view
+// can pick another chunk width, whose sums differ from the separate ops' in the last bits.
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -90,6 +96,96 @@ __global__ void layernorm_dx_kernel(LnTensors in, const void* dy, DType dyd, con
   }
 }
 
+// The forward kernel for activations of dtype T and parameters of dtype W, lanes taking chunks of V
+// columns (the generic kernel's arithmetic, element for element).
+template <class T, class W, int V>
+__global__ void layernorm_forward_typed_kernel(const T* x, const T* r, T* h, const W* gamma, const W* beta, T* y,
+                                               float* mean, float* rstd, int64_t N, int64_t C, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const int64_t base = row * C;
+  const T* src = r ? h : x;
+  float s = 0.f;
+  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
+    float v[V];
+    load_chunk<V>(x + base + c, v);
+    if (r) {
+      float q[V];
+      load_chunk<V>(r + base + c, q);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = v[i] + q[i];
+      store_chunk<V>(h + base + c, v);
+      load_chunk<V>(h + base + c, v);  // normalised as stored (16-bit: rounded; fp32: the same value)
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) s += v[i];
+  }
+  const float mu = warp_sum(s) / static_cast<float>(C);
+  float q = 0.f;
+  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
+    float v[V];
+    load_chunk<V>(src + base + c, v);
+#pragma unroll
+    for (int i = 0; i < V; ++i) q += (v[i] - mu) * (v[i] - mu);
+  }
+  const float rs = 1.f / sqrtf(warp_sum(q) / static_cast<float>(C) + eps);
+  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
+    float v[V], g[V], b[V];
+    load_chunk<V>(src + base + c, v);
+    load_chunk<V>(gamma + c, g);
+    load_chunk<V>(beta + c, b);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = (v[i] - mu) * rs * g[i] + b[i];
+    store_chunk<V>(y + base + c, v);
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// The dx kernel for activations of dtype T and gamma of dtype W, in chunks of V columns; dres optional.
+template <class T, class W, int V>
+__global__ void layernorm_dx_typed_kernel(const T* x, const W* gamma, const T* dy, const float* mean,
+                                          const float* rstd, const T* dres, T* dx, int64_t N, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const int64_t base = row * C;
+  const float mu = mean[row], rs = rstd[row];
+  float sum_g = 0.f, sum_gx = 0.f;
+  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
+    float v[V], g[V], d[V];
+    load_chunk<V>(x + base + c, v);
+    load_chunk<V>(gamma + c, g);
+    load_chunk<V>(dy + base + c, d);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float gi = d[i] * g[i];
+      sum_g += gi;
+      sum_gx += gi * ((v[i] - mu) * rs);
+    }
+  }
+  const float mean_g = warp_sum(sum_g) / static_cast<float>(C);
+  const float mean_gx = warp_sum(sum_gx) / static_cast<float>(C);
+  for (int64_t c = int64_t(lane) * V; c < C; c += 32 * V) {
+    float v[V], g[V], d[V], out[V];
+    load_chunk<V>(x + base + c, v);
+    load_chunk<V>(gamma + c, g);
+    load_chunk<V>(dy + base + c, d);
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = rs * (d[i] * g[i] - mean_g - ((v[i] - mu) * rs) * mean_gx);
+    if (dres) {  // the separate ops' rounding, then the residual's add (dres read first: it may be dx)
+      float res[V];
+      load_chunk<V>(dres + base + c, res);
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = __fadd_rn(to_f32(from_f32<T>(out[i])), res[i]);
+    }
+    store_chunk<V>(dx + base + c, out);
+  }
+}
+
 // Per chunk k of 64 rows: pg[k, c] = sum dy * xhat, pb[k, c] = sum dy. Grid (ceil(C / 32), chunks),
 // block (32, 8).
 __global__ void layernorm_param_partials_kernel(const void* x, DType xd, const void* dy, DType dyd, const float* mean,
@@ -152,9 +248,30 @@ void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor* r, Tenso
   require_numel(rstd, N, op, "rstd", "one value per row");
   if (N == 0) return;
   require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
-  layernorm_forward_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-      {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, r ? r->raw() : nullptr, r ? r->dtype() : x.dtype(),
-      h ? h->raw() : nullptr, beta.raw(), beta.dtype(), y.raw(), y.dtype(), mean.f32(), rstd.f32(), N, C, eps);
+  const DType t = x.dtype();
+  const bool typed = y.dtype() == t && (!r || r->dtype() == t) && beta.dtype() == gamma.dtype() &&
+                     (gamma.dtype() == t || gamma.dtype() == DType::F32);
+  if (typed) {
+    with_norm_types(x, gamma, [&](auto tt, auto ww) {
+      using T = decltype(tt);
+      using W = decltype(ww);
+      with_chunk_width<T>({C},
+                          {{x.raw(), sizeof(T)}, {y.raw(), sizeof(T)}, {gamma.raw(), sizeof(W)}, {beta.raw(), sizeof(W)},
+                           {r ? r->raw() : nullptr, sizeof(T)}, {h ? h->raw() : nullptr, sizeof(T)}},
+                          [&](auto v) {
+                            layernorm_forward_typed_kernel<T, W, decltype(v)::value>
+                                <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+                                    static_cast<const T*>(x.raw()), r ? static_cast<const T*>(r->raw()) : nullptr,
+                                    h ? static_cast<T*>(h->raw()) : nullptr, static_cast<const W*>(gamma.raw()),
+                                    static_cast<const W*>(beta.raw()), static_cast<T*>(y.raw()), mean.f32(),
+                                    rstd.f32(), N, C, eps);
+                          });
+    });
+  } else {
+    layernorm_forward_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+        {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, r ? r->raw() : nullptr, r ? r->dtype() : x.dtype(),
+        h ? h->raw() : nullptr, beta.raw(), beta.dtype(), y.raw(), y.dtype(), mean.f32(), rstd.f32(), N, C, eps);
+  }
   check_launch(op);
 }
 
@@ -180,10 +297,31 @@ void CudaBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, con
   const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
   ops::check_layernorm_backward(kChecks, dy, x, mean, rstd, dx, dgamma, dbeta, N, C, op);
   if (N == 0) return;
-  const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
-  layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-      in, dy.raw(), dy.dtype(), mean.f32(), rstd.f32(), dres ? dres->raw() : nullptr, dres ? dres->dtype() : dx.dtype(),
-      dx.raw(), dx.dtype(), N, C);
+  const DType t = x.dtype();
+  const bool typed = dy.dtype() == t && dx.dtype() == t && (!dres || dres->dtype() == t) &&
+                     (gamma.dtype() == t || gamma.dtype() == DType::F32);
+  if (typed) {
+    with_norm_types(x, gamma, [&](auto tt, auto ww) {
+      using T = decltype(tt);
+      using W = decltype(ww);
+      with_chunk_width<T>({C},
+                          {{x.raw(), sizeof(T)}, {dy.raw(), sizeof(T)}, {dx.raw(), sizeof(T)}, {gamma.raw(), sizeof(W)},
+                           {dres ? dres->raw() : nullptr, sizeof(T)}},
+                          [&](auto v) {
+                            layernorm_dx_typed_kernel<T, W, decltype(v)::value>
+                                <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+                                    static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()),
+                                    static_cast<const T*>(dy.raw()), mean.f32(), rstd.f32(),
+                                    dres ? static_cast<const T*>(dres->raw()) : nullptr, static_cast<T*>(dx.raw()), N,
+                                    C);
+                          });
+    });
+  } else {
+    const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
+    layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+        in, dy.raw(), dy.dtype(), mean.f32(), rstd.f32(), dres ? dres->raw() : nullptr,
+        dres ? dres->dtype() : dx.dtype(), dx.raw(), dx.dtype(), N, C);
+  }
   check_launch(op);
   const int64_t chunks = column_sum_chunks(N);
   require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");

@@ -10,8 +10,6 @@
 // rows added chunk by chunk in order (reproducible, no atomics). SwiGLU and the rotation share their
 // per-element math with the CPU (model/ops/llama_math.h); the rotation computes each (row, pair)'s angle
 // once for all the row's q and k heads.
-#include <type_traits>
-
 #include "model/ops/cuda/cuda_backend.h"
 #include "model/ops/cuda/cuda_check.h"
 #include "model/ops/cuda/cuda_half.cuh"
@@ -27,25 +25,6 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // RMSNorm: one warp per row
 constexpr int kThreads = 256;
-
-template <int V>
-using Width = std::integral_constant<int, V>;
-
-// Calls f(Width<kChunk<T>>) when every row width in `widths` is a multiple of a chunk and every pointer
-// starts on a chunk boundary (of its own element type: `ptrs` pairs a pointer with its element size),
-// else f(Width<1>).
-template <class T, class F>
-void with_chunk_width(std::initializer_list<int64_t> widths, std::initializer_list<std::pair<const void*, int64_t>> ptrs,
-                      F&& f) {
-  constexpr int V = kChunk<T>;
-  bool whole = true;
-  for (int64_t w : widths) whole = whole && w % V == 0;
-  for (auto [p, elem] : ptrs) whole = whole && aligned_to(elem * V, {p});
-  if (whole)
-    f(Width<V>{});
-  else
-    f(Width<1>{});
-}
 
 // ---- RMSNorm ----
 
@@ -129,18 +108,6 @@ __global__ void rmsnorm_gamma_partials_kernel(const T* x, const T* dy, const flo
 }
 
 unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
-
-// Calls f(T{}, W{}) with T the storage type of x's dtype and W gamma's (x's own, or float).
-template <class F>
-void with_norm_types(const Tensor& x, const Tensor& gamma, F&& f) {
-  with_float_type(x.dtype(), [&](auto t) {
-    using T = decltype(t);
-    if (gamma.dtype() == DType::F32)
-      f(t, float{});
-    else
-      f(t, T{});
-  });
-}
 
 // ---- SwiGLU ----
 
