@@ -8,6 +8,7 @@
 #      mpirun can start (the machine's, or the carried orterun/orted); then the NCCL communicator on one rank;
 #   4. throughput of a GPT-2 124M-like and a GPT-3 1.3B-like model on one GPU in bf16 with synthetic
 #      data: tokens/s, TFLOP/s, MFU, first and last loss and grad norm, NaN or skipped steps, memory;
+#   4c. where the 1.3B step's GPU time goes, op by op (GPT_CUDA_PROFILE=1, 4 iterations);
 #   5. key/value-cached generation from the 124M run's weights (tokens/s).
 # A failing test binary runs once more with CUDA_LAUNCH_BLOCKING=1 and GPT_CUDA_SYNC_CHECKS=1 (every launch
 # and library call waited for and checked) to name the faulting op; NCCL_DEBUG=WARN.
@@ -290,6 +291,20 @@ raise SystemExit(0 if worst <= 1e-4 else 1)
 EOF
 }
 
+# The 1.3B model for 4 iterations under GPT_CUDA_PROFILE=1; prints the per-op table's first 25 ops.
+op_profile() {
+  GPT_CUDA_PROFILE=1 timeout 60 "$GPT_TRAIN" train --config "$ROOT/configs/gpt2-1.3b.yaml" --set backend=cuda \
+    --set precision.dtype=bf16 --set parallel.tensor=1 --set parallel.pipeline=1 \
+    --set parallel.sequence_parallel=false --set parallel.distributed_optimizer=false \
+    --set training.micro_batch_size=8 --set training.global_batch_size=16 --set training.train_iters=4 \
+    --set optimizer.warmup_iters=1 --set data.train=[] --set data.synthetic=random --set eval.interval=0 \
+    --set checkpoint.save_interval=0 --set checkpoint.dir= --set logging.interval=1 \
+    --set logging.metrics_file= >"$LOG/op-profile.log" 2>&1
+  local rc=$?
+  sed -n '/^GPU time by op/,/^total/p' "$LOG/op-profile.log" | head -28
+  return "$rc"
+}
+
 TIMINGS=()
 timed() {  # NAME COMMAND...: runs one step, records its seconds and exit status
   local name=$1 t0
@@ -327,6 +342,12 @@ run_checks() {
   #                     name      config                           micro iters timeout save
   timed "4a. gpt2-124m" bench gpt2-124m "$ROOT/configs/gpt2-124m.yaml" 16 12 110 yes
   timed "4b. gpt2-1.3b" bench gpt2-1.3b "$ROOT/configs/gpt2-1.3b.yaml" 8 8 220
+
+  # 4c. Where the 1.3B step's GPU time goes: GPT_CUDA_PROFILE=1 (an event after each op on the compute
+  # stream), 4 iterations, the table the backend prints at exit (top 25 ops).
+  if [ "$QUICK" = no ] && [ "$(left)" -gt 90 ]; then
+    timed "4c. per-op GPU time, gpt2-1.3b (GPT_CUDA_PROFILE=1, 4 iterations)" op_profile
+  fi
 
   # 5. Generation from the 124M benchmark's weights: key/value-cached decoding on the GPU.
   local generated="not run (no checkpoint, --quick, or out of time)"

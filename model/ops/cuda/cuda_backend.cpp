@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -121,6 +122,7 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   DeviceContext& ctx = device_context(device_);
   stream_ = ctx.stream;
   sync_check_stream() = stream_;
+  OpProfile::start(stream_);
   cublas_ = ctx.cublas;
   lt_ = ctx.lt.get();
   error_device_ = ctx.error_device;
@@ -135,6 +137,10 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
 CudaBackend::~CudaBackend() {
   // Queued work may still reference tensors the caller is about to drop; the shared context lives on.
   cudaStreamSynchronize(stream_);
+  if (OpProfile* p = OpProfile::active()) {
+    p->collect();
+    std::fputs(p->table().c_str(), stderr);
+  }
 }
 
 Tensor CudaBackend::empty(const Shape& shape, DType dtype) {
@@ -224,6 +230,7 @@ void CudaBackend::wait_for_stream(const char* op) {
 
 void CudaBackend::raise_device_errors() {
   wait_for_stream("synchronize");  // first: the copy below, into pageable memory, would block without polling
+  if (OpProfile* p = OpProfile::active()) p->collect();
   DeviceErrorReport r{};
   check_cuda(cudaMemcpyAsync(&r, error_device_, sizeof r, cudaMemcpyDeviceToHost, stream_), "synchronize",
              "cudaMemcpyAsync (error report)");

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/ops/cuda/cuda_op_profile.h"
 #include "model/ops/op_checks.h"
 #include "model/tensor.h"
 
@@ -49,9 +50,11 @@ inline cudaStream_t& sync_check_stream() {
   return stream;
 }
 
-// Under GPT_CUDA_SYNC_CHECKS: waits for the compute stream and raises what the work just enqueued by `op`
-// did.
-inline void sync_check(const char* op, const char* what) {
+// After `op` enqueued work of `kind` (a kernel, a cuBLAS or cuBLASLt product, cuDNN's attention): under
+// GPT_CUDA_PROFILE marks it for the per-op profile (cuda_op_profile.h); under GPT_CUDA_SYNC_CHECKS waits for
+// the compute stream and raises what that work did.
+inline void sync_check(const char* op, const char* what, const char* kind = "kernel") {
+  if (OpProfile* p = OpProfile::active()) p->mark(std::string(op) + " (" + kind + ")");
   if (sync_checks()) check_cuda(cudaStreamSynchronize(sync_check_stream()), op, what);
 }
 

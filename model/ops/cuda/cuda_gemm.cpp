@@ -73,7 +73,7 @@ void CudaBackend::gemm(const GemmArgs& g, const char* op) {
                                    CUBLAS_GEMM_DEFAULT);
   }
   check_cublas(s, op, g.batch == 1 ? "cublasGemmEx" : "cublasGemmStridedBatchedEx");
-  sync_check(op, "the cuBLAS product (waited for under GPT_CUDA_SYNC_CHECKS)");
+  sync_check(op, "the cuBLAS product (waited for under GPT_CUDA_SYNC_CHECKS)", "cuBLAS");
 }
 
 bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DType bias_dtype, const char* op,
@@ -90,7 +90,7 @@ bool CudaBackend::lt_gemm(const GemmArgs& g, LtEpilogue epilogue, void* bias, DT
   p.tf32 = g.ab == DType::F32 && allow_tf32_;
   p.epilogue = epilogue, p.bias = bias, p.bias_dtype = bias_dtype, p.aux = aux;
   const bool ran = lt_->run(p, stream_, op);
-  if (ran) sync_check(op, "the cuBLASLt product (waited for under GPT_CUDA_SYNC_CHECKS)");
+  if (ran) sync_check(op, "the cuBLASLt product (waited for under GPT_CUDA_SYNC_CHECKS)", "cuBLASLt");
   return ran;
 }
 

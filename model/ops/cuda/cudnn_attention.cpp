@@ -421,7 +421,7 @@ void execute(cudnnHandle_t handle, const CudnnAttention::Plan& plan, const std::
   set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &engine_workspace, "variant workspace");
   check(cudnnBackendFinalize(pack.get()), "finalize variant pack");
   check(cudnnBackendExecute(handle, plan.plan, pack.get()), "execute attention");
-  sync_check("attention", "cuDNN's fused attention (waited for under GPT_CUDA_SYNC_CHECKS)");
+  sync_check("attention", "cuDNN's fused attention (waited for under GPT_CUDA_SYNC_CHECKS)", "cuDNN");
 }
 
 const char* at(const void* base, int64_t elements, DType t) {

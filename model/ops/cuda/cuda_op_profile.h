@@ -1,0 +1,42 @@
+// GPT_CUDA_PROFILE=1: where a run's GPU time goes, op by op. After each op enqueues work on the compute
+// stream (a kernel launch, a cuBLAS/cuBLASLt product, cuDNN's attention), a CUDA event is recorded there;
+// the time between two consecutive events is charged to the later op. When the host has waited for the
+// stream (once per step) the finished events are read and recycled. At the end the backend logs a table of
+// the ops by total time, with calls and shares. The compute stream runs its work in order, so the shares
+// add up to the stream's busy time plus its idle gaps; a gap (the host late in enqueuing, or the stream
+// waiting for a communication stream) is charged to the op after it. Off by default: it costs an event
+// record per op.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpt::cuda {
+
+class OpProfile {
+ public:
+  // The process's profile when GPT_CUDA_PROFILE is set and a backend has started it, else null.
+  static OpProfile* active();
+  // Starts the profile on `stream` (the first backend's compute stream); later calls do nothing.
+  static void start(cudaStream_t stream);
+
+  void mark(const std::string& op);  // an event after `op`'s work on the stream
+  void collect();             // reads the events that have completed (after the host waited for the stream)
+  std::string table() const;  // the ops by total time
+
+ private:
+  explicit OpProfile(cudaStream_t stream) : stream_(stream) {}
+  cudaEvent_t take();
+
+  cudaStream_t stream_;
+  cudaEvent_t last_ = nullptr;                              // the latest completed mark: the next interval's start
+  std::vector<std::pair<cudaEvent_t, std::string>> open_;  // recorded, not yet read
+  std::vector<cudaEvent_t> free_;
+  std::map<std::string, std::pair<double, long long>> totals_;  // op -> (ms, calls)
+  bool failed_ = false;
+};
+
+}  // namespace gpt::cuda
