@@ -15,16 +15,19 @@ Norm::Norm(ParameterSet& params, const std::string& prefix, int64_t hidden, floa
   }
 }
 
-void Norm::forward(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const {
+void Norm::allocate(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const {
   const int64_t n = x.dim(0);
   cache.rstd = ctx.backend.empty({n});
   y = ctx.backend.empty(x.shape(), x.dtype());
-  if (kind_ == Normalization::RMSNorm) {
+  if (kind_ == Normalization::LayerNorm) cache.mean = ctx.backend.empty({n});
+}
+
+void Norm::forward(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const {
+  allocate(ctx, x, y, cache);
+  if (kind_ == Normalization::RMSNorm)
     ctx.backend.rmsnorm_forward(x, weight_->value, y, cache.rstd, eps_);
-    return;
-  }
-  cache.mean = ctx.backend.empty({n});
-  ctx.backend.layernorm_forward(x, weight_->value, bias_->value, y, cache.mean, cache.rstd, eps_);
+  else
+    ctx.backend.layernorm_forward(x, weight_->value, bias_->value, y, cache.mean, cache.rstd, eps_);
 }
 
 void Norm::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, Tensor& dx) const {
@@ -42,10 +45,7 @@ void Norm::forward_add(LayerContext& ctx, const Tensor& a, const Tensor& b, Tens
     forward(ctx, h, y, cache);
     return;
   }
-  const int64_t n = a.dim(0);
-  cache.rstd = ctx.backend.empty({n});
-  y = ctx.backend.empty(a.shape(), a.dtype());
-  cache.mean = ctx.backend.empty({n});
+  allocate(ctx, a, y, cache);
   ctx.backend.add_layernorm_forward(a, b, weight_->value, bias_->value, h, y, cache.mean, cache.rstd, eps_);
 }
 

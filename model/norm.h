@@ -26,6 +26,9 @@ class Norm {
                     Tensor& dx) const;
 
  private:
+  // y like x, and the statistics forward keeps (rstd; mean for LayerNorm).
+  void allocate(LayerContext& ctx, const Tensor& x, Tensor& y, Cache& cache) const;
+
   Normalization kind_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;

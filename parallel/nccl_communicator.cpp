@@ -5,11 +5,9 @@
 #ifdef GPT_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
 
-#include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
-#include <thread>
 
 #include "model/ops/cuda/cuda_backend.h"
 #include "parallel/mpi_communicator.h"
@@ -164,13 +162,7 @@ void NcclCommunicator::abort_every_group() {
 }
 
 void NcclCommunicator::wait_stream(cudaStream_t stream, const char* op) {
-  for (int polls = 0;; ++polls) {
-    const cudaError_t q = cudaStreamQuery(stream);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) check_cuda(q, op);
-    poll_async_errors();
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 20 : 500));
-  }
+  check_cuda(cuda::poll_until_idle(stream, [this] { poll_async_errors(); }), op);
 }
 
 void NcclCommunicator::make_channels() {

@@ -210,22 +210,24 @@ void WaitChecks::run() const {
   for (const auto& check : checks) check();
 }
 
+cudaError_t poll_until_idle(cudaStream_t stream, const std::function<void()>& check) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q != cudaErrorNotReady) return q;
+    check();
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 20 : 500));
+  }
+}
+
 }  // namespace cuda
 
-// Without wait checks a plain cudaStreamSynchronize. With them, a polling wait: the stream is queried,
-// and while it is busy the checks run (one may throw), with 20 us pauses for the first 2 ms, then 500 us.
+// Without wait checks a plain cudaStreamSynchronize; with them a polling wait that runs them.
 void CudaBackend::wait_for_stream(const char* op) {
   if (wait_checks_->empty()) {
     check_cuda(cudaStreamSynchronize(stream_), op, "cudaStreamSynchronize");
     return;
   }
-  for (int polls = 0;; ++polls) {
-    const cudaError_t q = cudaStreamQuery(stream_);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) check_cuda(q, op, "cudaStreamQuery");
-    wait_checks_->run();
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 20 : 500));
-  }
+  check_cuda(poll_until_idle(stream_, [this] { wait_checks_->run(); }), op, "cudaStreamQuery");
 }
 
 void CudaBackend::raise_device_errors() {

@@ -58,6 +58,11 @@ class WaitChecks {
   mutable std::mutex mu_;
   std::vector<std::pair<const void*, std::function<void()>>> checks_;
 };
+
+// Waits for `stream` by polling: while it is busy, runs `check` (which may throw to end the wait) and
+// sleeps, 20 us at a time for the first 2 ms, then 500 us. Returns cudaSuccess once the stream is idle, or
+// the first error other than "not ready" that querying it gave.
+cudaError_t poll_until_idle(cudaStream_t stream, const std::function<void()>& check);
 }  // namespace cuda
 
 class CudaBackend final : public Backend {

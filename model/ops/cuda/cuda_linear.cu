@@ -40,6 +40,30 @@ __global__ void broadcast_rows_kernel(const void* b, DType bd, void* y, DType yd
     store_from_f32(y, yd, i, load_as_f32(b, bd, i % out));
 }
 
+// The forward product y[N, out] = x[N, in] . w[out, in]^T, x and w of dtype ab.
+CudaBackend::GemmArgs forward_product(const ops::LinearDims& d, const Tensor& xa, const Tensor& wa, DType ab,
+                                      Tensor& y) {
+  CudaBackend::GemmArgs g;
+  g.m = d.rows, g.n = d.out, g.k = d.in;
+  g.a = xa.raw(), g.lda = d.in;
+  g.b = wa.raw(), g.ldb = d.in, g.trans_b = true;
+  g.c = y.raw(), g.ldc = d.out, g.c_dtype = y.dtype();
+  g.ab = ab;
+  return g;
+}
+
+// The input-gradient product dx[N, in] = dy[N, out] . w[out, in], dy and w of dtype ab.
+CudaBackend::GemmArgs input_grad_product(const ops::LinearDims& d, const Tensor& dya, const Tensor& wa, DType ab,
+                                         Tensor& dx) {
+  CudaBackend::GemmArgs g;
+  g.m = d.rows, g.n = d.in, g.k = d.out;
+  g.a = dya.raw(), g.lda = d.out;
+  g.b = wa.raw(), g.ldb = d.in;
+  g.c = dx.raw(), g.ldc = d.in, g.c_dtype = dx.dtype();
+  g.ab = ab;
+  return g;
+}
+
 }  // namespace
 
 void CudaBackend::broadcast_bias(const Tensor& b, Tensor& y, int64_t rows, int64_t out, const char* op) {
@@ -68,12 +92,7 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor*
   }
   const DType ab = product_dtype(x.dtype(), w.dtype());
   Tensor xa = as_dtype(x, ab), wa = as_dtype(w, ab);
-  GemmArgs g;
-  g.m = d.rows, g.n = d.out, g.k = d.in;
-  g.a = xa.raw(), g.lda = d.in;
-  g.b = wa.raw(), g.ldb = d.in, g.trans_b = true;
-  g.c = y.raw(), g.ldc = d.out, g.c_dtype = y.dtype();
-  g.ab = ab;
+  GemmArgs g = forward_product(d, xa, wa, ab, y);
   if (b) {
     Tensor bias = as_dtype(*b, y.dtype());
     if (lt_gemm(g, LtEpilogue::Bias, bias.raw(), bias.dtype(), op)) return;
@@ -110,12 +129,7 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   if (dx) {
     if (work) {
       Tensor wa = as_dtype(w, ab_dx);
-      GemmArgs g;  // dx[N, in] = dy[N, out] . w[out, in]
-      g.m = d.rows, g.n = d.in, g.k = d.out;
-      g.a = dy_dx.raw(), g.lda = d.out;
-      g.b = wa.raw(), g.ldb = d.in;
-      g.c = dx->raw(), g.ldc = d.in, g.c_dtype = dx->dtype();
-      g.ab = ab_dx;
+      GemmArgs g = input_grad_product(d, dy_dx, wa, ab_dx, *dx);
       if (!lt_gemm(g, LtEpilogue::None, nullptr, DType::F32, op)) gemm(g, op);
     } else {
       fill(*dx, 0.f);
@@ -164,12 +178,7 @@ void CudaBackend::linear_gelu_forward(const Tensor& x, const Tensor& w, const Te
     const DType ab = product_dtype(x.dtype(), w.dtype());
     Tensor xa = as_dtype(x, ab), wa = as_dtype(w, ab);
     Tensor bias = b ? as_dtype(*b, act.dtype()) : Tensor();
-    GemmArgs g;  // act = gelu(x . w^T + b), pre stored on the way
-    g.m = d.rows, g.n = d.out, g.k = d.in;
-    g.a = xa.raw(), g.lda = d.in;
-    g.b = wa.raw(), g.ldb = d.in, g.trans_b = true;
-    g.c = act.raw(), g.ldc = d.out, g.c_dtype = act.dtype();
-    g.ab = ab;
+    GemmArgs g = forward_product(d, xa, wa, ab, act);  // act = gelu(x . w^T + b), pre stored on the way
     if (lt_gemm(g, LtEpilogue::GeluAux, b ? bias.raw() : nullptr, act.dtype(), op, pre.raw())) {
       ++gelu_epilogue_products_;
       return;
@@ -191,12 +200,7 @@ void CudaBackend::linear_dgelu_backward(const Tensor& dy, const Tensor& x, const
   if (d.rows > 0 && d.in > 0 && d.out > 0 && pre.dtype() == dpre.dtype() && dpre.dtype() != DType::F32) {
     const DType ab = product_dtype(dy.dtype(), w.dtype());
     Tensor dya = as_dtype(dy, ab), wa = as_dtype(w, ab);
-    GemmArgs g;  // dpre[N, in] = (dy[N, out] . w[out, in]) * gelu'(pre)
-    g.m = d.rows, g.n = d.in, g.k = d.out;
-    g.a = dya.raw(), g.lda = d.out;
-    g.b = wa.raw(), g.ldb = d.in;
-    g.c = dpre.raw(), g.ldc = d.in, g.c_dtype = dpre.dtype();
-    g.ab = ab;
+    GemmArgs g = input_grad_product(d, dya, wa, ab, dpre);  // dpre = (dy . w) * gelu'(pre)
     if (lt_gemm(g, LtEpilogue::DGelu, nullptr, DType::F32, op, const_cast<void*>(pre.raw()))) {
       ++gelu_epilogue_products_;
       linear_backward(dy, x, w, nullptr, dw, db);  // dw and db only
