@@ -134,9 +134,8 @@ void chunk_forward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompu
   L.alloc(s.sp_Xf());                   // output gathered for the head
   L.alloc(s.logits), L.alloc(s.row), L.alloc(s.row), L.alloc(s.row);  // logits, max, sum, target logit
   L.free(s.row);                        // target logit
-  const int64_t dlogits = s.logits;  // the gradient, in place
   L.alloc(s.Xf), L.alloc(s.sp_X());     // dx over all rows, its row block (kept as head_dx)
-  L.free(2 * s.row + dlogits + 2 * s.sp_Xf());
+  L.free(2 * s.row + s.logits + 2 * s.sp_Xf());  // the logits hold their gradient in place
   L.free(s.X);                          // final layernorm output
 }
 

@@ -192,15 +192,29 @@ void with_chunk_width(std::initializer_list<int64_t> widths, std::initializer_li
     f(Width<1>{});
 }
 
-// Calls f(T{}, W{}) with T the storage type of x's dtype and W gamma's (x's own, or float).
+// For the per-row norm kernels: calls f(T{}, W{}, Width<V>{}) with T the storage type of x's dtype, W
+// gamma's (x's own, or float) and V the chunk width, kChunk<T> when the row width C and every address
+// allow it, else 1. `rows` point at T elements, `params` at W elements; null pointers are skipped.
 template <class F>
-void with_norm_types(const Tensor& x, const Tensor& gamma, F&& f) {
+void with_row_kernel(const Tensor& x, const Tensor& gamma, int64_t C, std::initializer_list<const void*> rows,
+                     std::initializer_list<const void*> params, F&& f) {
   with_float_type(x.dtype(), [&](auto t) {
     using T = decltype(t);
+    const auto dispatch = [&](auto w) {
+      using W = decltype(w);
+      constexpr int V = kChunk<T>;
+      bool whole = C % V == 0;
+      for (const void* p : rows) whole = whole && aligned_to(static_cast<int64_t>(sizeof(T)) * V, {p});
+      for (const void* p : params) whole = whole && aligned_to(static_cast<int64_t>(sizeof(W)) * V, {p});
+      if (whole)
+        f(t, w, Width<V>{});
+      else
+        f(t, w, Width<1>{});
+    };
     if (gamma.dtype() == DType::F32)
-      f(t, float{});
+      dispatch(float{});
     else
-      f(t, T{});
+      dispatch(T{});
   });
 }
 

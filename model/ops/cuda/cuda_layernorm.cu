@@ -252,21 +252,17 @@ void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor* r, Tenso
   const bool typed = y.dtype() == t && (!r || r->dtype() == t) && beta.dtype() == gamma.dtype() &&
                      (gamma.dtype() == t || gamma.dtype() == DType::F32);
   if (typed) {
-    with_norm_types(x, gamma, [&](auto tt, auto ww) {
-      using T = decltype(tt);
-      using W = decltype(ww);
-      with_chunk_width<T>({C},
-                          {{x.raw(), sizeof(T)}, {y.raw(), sizeof(T)}, {gamma.raw(), sizeof(W)}, {beta.raw(), sizeof(W)},
-                           {r ? r->raw() : nullptr, sizeof(T)}, {h ? h->raw() : nullptr, sizeof(T)}},
-                          [&](auto v) {
-                            layernorm_forward_typed_kernel<T, W, decltype(v)::value>
-                                <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-                                    static_cast<const T*>(x.raw()), r ? static_cast<const T*>(r->raw()) : nullptr,
-                                    h ? static_cast<T*>(h->raw()) : nullptr, static_cast<const W*>(gamma.raw()),
-                                    static_cast<const W*>(beta.raw()), static_cast<T*>(y.raw()), mean.f32(),
-                                    rstd.f32(), N, C, eps);
-                          });
-    });
+    with_row_kernel(x, gamma, C, {x.raw(), y.raw(), r ? r->raw() : nullptr, h ? h->raw() : nullptr},
+                    {gamma.raw(), beta.raw()}, [&](auto tt, auto ww, auto v) {
+                      using T = decltype(tt);
+                      using W = decltype(ww);
+                      layernorm_forward_typed_kernel<T, W, decltype(v)::value>
+                          <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+                              static_cast<const T*>(x.raw()), r ? static_cast<const T*>(r->raw()) : nullptr,
+                              h ? static_cast<T*>(h->raw()) : nullptr, static_cast<const W*>(gamma.raw()),
+                              static_cast<const W*>(beta.raw()), static_cast<T*>(y.raw()), mean.f32(), rstd.f32(), N,
+                              C, eps);
+                    });
   } else {
     layernorm_forward_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
         {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, r ? r->raw() : nullptr, r ? r->dtype() : x.dtype(),
@@ -301,21 +297,16 @@ void CudaBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, con
   const bool typed = dy.dtype() == t && dx.dtype() == t && (!dres || dres->dtype() == t) &&
                      (gamma.dtype() == t || gamma.dtype() == DType::F32);
   if (typed) {
-    with_norm_types(x, gamma, [&](auto tt, auto ww) {
-      using T = decltype(tt);
-      using W = decltype(ww);
-      with_chunk_width<T>({C},
-                          {{x.raw(), sizeof(T)}, {dy.raw(), sizeof(T)}, {dx.raw(), sizeof(T)}, {gamma.raw(), sizeof(W)},
-                           {dres ? dres->raw() : nullptr, sizeof(T)}},
-                          [&](auto v) {
-                            layernorm_dx_typed_kernel<T, W, decltype(v)::value>
-                                <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-                                    static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()),
-                                    static_cast<const T*>(dy.raw()), mean.f32(), rstd.f32(),
-                                    dres ? static_cast<const T*>(dres->raw()) : nullptr, static_cast<T*>(dx.raw()), N,
-                                    C);
-                          });
-    });
+    with_row_kernel(x, gamma, C, {x.raw(), dy.raw(), dx.raw(), dres ? dres->raw() : nullptr}, {gamma.raw()},
+                    [&](auto tt, auto ww, auto v) {
+                      using T = decltype(tt);
+                      using W = decltype(ww);
+                      layernorm_dx_typed_kernel<T, W, decltype(v)::value>
+                          <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+                              static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()),
+                              static_cast<const T*>(dy.raw()), mean.f32(), rstd.f32(),
+                              dres ? static_cast<const T*>(dres->raw()) : nullptr, static_cast<T*>(dx.raw()), N, C);
+                    });
   } else {
     const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
     layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(

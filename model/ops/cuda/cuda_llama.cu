@@ -183,14 +183,12 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& 
   const int64_t N = dims.rows, C = dims.cols;
   if (N == 0) return;
   require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
-  with_norm_types(x, gamma, [&](auto t, auto w) {
+  with_row_kernel(x, gamma, C, {x.raw(), y.raw()}, {gamma.raw()}, [&](auto t, auto w, auto v) {
     using T = decltype(t);
     using W = decltype(w);
-    with_chunk_width<T>({C}, {{x.raw(), sizeof(T)}, {y.raw(), sizeof(T)}, {gamma.raw(), sizeof(W)}}, [&](auto v) {
-      rmsnorm_forward_kernel<T, W, decltype(v)::value><<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-          static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()), static_cast<T*>(y.raw()), rstd.f32(), N,
-          C, eps);
-    });
+    rmsnorm_forward_kernel<T, W, decltype(v)::value><<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+        static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()), static_cast<T*>(y.raw()), rstd.f32(), N, C,
+        eps);
   });
   check_launch(op);
 }
@@ -205,15 +203,12 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
   const int64_t chunks = column_sum_chunks(N);
   require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");
   Tensor partials = empty({chunks, C});
-  with_norm_types(x, gamma, [&](auto t, auto w) {
+  with_row_kernel(x, gamma, C, {dy.raw(), x.raw(), dx.raw()}, {gamma.raw()}, [&](auto t, auto w, auto v) {
     using T = decltype(t);
     using W = decltype(w);
     const T *dyp = static_cast<const T*>(dy.raw()), *xp = static_cast<const T*>(x.raw());
-    with_chunk_width<T>({C}, {{dyp, sizeof(T)}, {xp, sizeof(T)}, {dx.raw(), sizeof(T)}, {gamma.raw(), sizeof(W)}},
-                        [&](auto v) {
-                          rmsnorm_dx_kernel<T, W, decltype(v)::value><<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
-                              dyp, xp, static_cast<const W*>(gamma.raw()), rstd.f32(), static_cast<T*>(dx.raw()), N, C);
-                        });
+    rmsnorm_dx_kernel<T, W, decltype(v)::value><<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+        dyp, xp, static_cast<const W*>(gamma.raw()), rstd.f32(), static_cast<T*>(dx.raw()), N, C);
     check_launch(op);
     const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
     rmsnorm_gamma_partials_kernel<T><<<grid, dim3(32, 8), 0, stream_>>>(xp, dyp, rstd.f32(), N, C, partials.f32());
