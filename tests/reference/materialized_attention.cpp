@@ -50,9 +50,7 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, con
 
 // Softmax of row i of a causal score block in place: columns 0..i are real, i+1..T-1 become zero.
 GPT_CPU_KERNEL void causal_softmax_row(float* row, int64_t i, int64_t T) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+  const float mx = max_of(row, i + 1, -std::numeric_limits<float>::infinity());
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j <= i; ++j) {

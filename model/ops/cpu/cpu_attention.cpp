@@ -13,7 +13,8 @@
 //   O = O e^(m - m') + P V_j;  finally out = O / l and lse = m + log l.
 // Backward (FlashAttention-2's order), per (sequence, key/value group), for each query head of the group
 // in turn, with Dv = rowsum(dO * out) per query row, over key blocks j and then the query blocks i at or
-// below them (dK and dV accumulate over the group's heads in fp32 and are stored once):
+// below them (dQ, dK and dV accumulate in fp32: in dqkv itself when it is fp32, else in per-thread buffers
+// rounded once; dK and dV sum over the group's heads):
 //   P = exp(scale Q_i K_j^T - lse_i);  dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - Dv_i);
 //   dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i.
 #include <algorithm>
@@ -37,6 +38,9 @@ namespace {
 
 constexpr int64_t kQueryRows = 128;
 constexpr int64_t kKeyRows = 256;
+// The backward's query blocks are smaller: its products follow the causal diagonal more closely (at T = 256,
+// 17% fewer score elements than with 128-row blocks), which pays for the smaller products there.
+constexpr int64_t kBackwardQueryRows = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One thread's block product: C[M, N] (ldc) = alpha op(A) op(B) + beta C, A and B of type `t`, C fp32.
@@ -58,10 +62,7 @@ int64_t causal_columns(int64_t i, int64_t j0, int64_t nc) { return std::clamp<in
 // P = exp(S - m') (zero past `valid`), m and l are updated, and the factor e^(m - m') that rescales the
 // row's running output is returned.
 GPT_CPU_KERNEL float online_softmax_row(float* s, int64_t valid, int64_t nc, float* m, float* l) {
-  float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-  for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, s[c]);
-  const float m_new = std::max(*m, mx);
+  const float m_new = std::max(*m, max_of(s, valid, kNegInf));
   float sum = 0.f;
   if (m_new == kNegInf) {  // nothing unmasked yet: keep the row empty
     for (int64_t c = 0; c < nc; ++c) s[c] = 0.f;
@@ -198,34 +199,44 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   const float* lsep = lse.f32();
   const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  // An fp32 dqkv is accumulated in place; a 16-bit one through per-thread fp32 [T, D] buffers, rounded once.
+  const bool in_place = dqkv.dtype() == DType::F32;
+  const int64_t lda = in_place ? ld : D;  // leading dimension of the dQ, dK and dV accumulators
 
 #pragma omp parallel if (B * H * T * T * D > (1 << 16))
   {
-    std::vector<float> s(kQueryRows * kKeyRows), dp(kQueryRows * kKeyRows);
-    std::vector<float> dk(T * D), dv(T * D), dq(T * D), rowdot(T);
-    std::vector<uint16_t> p16(bf16 ? kQueryRows * kKeyRows : 0), ds16(p16.size());
+    std::vector<float> s(kBackwardQueryRows * kKeyRows), dp(s.size());
+    std::vector<float> buffers(in_place ? 0 : 3 * T * D), rowdot(T);
+    std::vector<uint16_t> p16(bf16 ? s.size() : 0), ds16(p16.size());
     Windows w;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * G; ++bg) {
       const int64_t b = bg / G, g = bg % G;
       const int64_t k = b * T * ld + d.k_offset() + g * D, v = k + G * D;  // element offsets of row 0
-      std::fill(dk.begin(), dk.end(), 0.f);
-      std::fill(dv.begin(), dv.end(), 0.f);
+      float* dk = in_place ? dqkv.f32() + k : buffers.data();
+      float* dv = in_place ? dqkv.f32() + v : buffers.data() + T * D;
+      // dK and dV sum over the group's heads and over query blocks that start at different keys: zero first.
+      for (int64_t r = 0; r < T; ++r) {
+        std::fill_n(dk + r * lda, D, 0.f);
+        std::fill_n(dv + r * lda, D, 0.f);
+      }
       for (int64_t h = g * d.group_size(); h < (g + 1) * d.group_size(); ++h) {
         const int64_t q = b * T * ld + h * D;
         const int64_t o = b * T * ldo + h * D;  // in out and dout
+        float* dq = in_place ? dqkv.f32() + q : buffers.data() + 2 * T * D;
         const float* lrow = lsep + (b * H + h) * T;
         for (int64_t i = 0; i < T; ++i) {
           const float* orow = w.in(1, out, o + i * ldo, D);
           rowdot[i] = dot_row(orow, w.in(2, dout, o + i * ldo, D), D);
         }
-        std::fill(dq.begin(), dq.end(), 0.f);
         for (int64_t j0 = 0; j0 < T; j0 += kKeyRows) {
           const int64_t nc = std::min(kKeyRows, T - j0);
-          float *dkj = dk.data() + j0 * D, *dvj = dv.data() + j0 * D;
+          float *dkj = dk + j0 * lda, *dvj = dv + j0 * lda;
+          // Every query row attends to key 0, so the first key block's products overwrite dQ (no zeroing).
+          const float dq_beta = j0 == 0 ? 0.f : 1.f;
           // Query blocks that reach key j0 or later: the block holding row j0, then every block below it.
-          for (int64_t i0 = j0 / kQueryRows * kQueryRows; i0 < T; i0 += kQueryRows) {
-            const int64_t nr = std::min(kQueryRows, T - i0);
+          for (int64_t i0 = j0 / kBackwardQueryRows * kBackwardQueryRows; i0 < T; i0 += kBackwardQueryRows) {
+            const int64_t nr = std::min(kBackwardQueryRows, T - i0);
             // Keys past the block's last query are masked for all its rows: the products stop before them.
             const int64_t nk = std::min(nc, i0 + nr - j0);
             product(false, true, nr, nk, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
@@ -233,20 +244,22 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
             for (int64_t r = 0; r < nr; ++r)
               probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, lrow[i0 + r]);
             const void* p = as_operand(s.data(), nr * nk, t, p16);
-            product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dvj, D);
+            product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dvj, lda);
             product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f,
                     dp.data(), nk);
             for (int64_t r = 0; r < nr; ++r)
               softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r]);
             const void* ds = as_operand(dp.data(), nr * nk, t, ds16);
-            product(false, false, nr, D, nk, scale, t, ds, nk, x.at(k + j0 * ld), ld, 1.f, dq.data() + i0 * D, D);
-            product(true, false, nk, D, nr, scale, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dkj, D);
+            product(false, false, nr, D, nk, scale, t, ds, nk, x.at(k + j0 * ld), ld, dq_beta, dq + i0 * lda, lda);
+            product(true, false, nk, D, nr, scale, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dkj, lda);
           }
         }
-        store_rows(dq.data(), T, D, nullptr, dqkv, q, ld, w);
+        if (!in_place) store_rows(dq, T, D, nullptr, dqkv, q, ld, w);
       }
-      store_rows(dk.data(), T, D, nullptr, dqkv, k, ld, w);
-      store_rows(dv.data(), T, D, nullptr, dqkv, v, ld, w);
+      if (!in_place) {
+        store_rows(dk, T, D, nullptr, dqkv, k, ld, w);
+        store_rows(dv, T, D, nullptr, dqkv, v, ld, w);
+      }
     }
   }
 }

@@ -31,10 +31,7 @@ const int32_t* check_targets(const Tensor& targets, int64_t rows, int64_t vocab_
 
 // Row kernels: the maximum of n values, the sum of exp(x - mx), and coef * exp(x - mx).
 GPT_CPU_KERNEL float row_max_of(const float* row, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t c = 0; c < n; ++c) mx = std::max(mx, row[c]);
-  return mx;
+  return max_of(row, n, -std::numeric_limits<float>::infinity());
 }
 
 GPT_CPU_KERNEL float sum_exp_of(const float* row, int64_t n, float mx) {
