@@ -51,6 +51,10 @@ const std::vector<HardwareField>& hardware_fields() {
       {"memory_reserved_gib", &HardwareSpec::memory_reserved_gib, "memory not available to tensors, GiB"},
       {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth_gbs, "device memory bandwidth, GB/s"},
       {"memory_efficiency", &HardwareSpec::memory_efficiency, "fraction of it memory-bound kernels achieve"},
+      {"loss_bandwidth_gbs", &HardwareSpec::loss_bandwidth_gbs,
+       "cross-entropy passes' rate in the bytes the time model charges, GB/s (0 = memory bandwidth)"},
+      {"optimizer_bandwidth_gbs", &HardwareSpec::optimizer_bandwidth_gbs,
+       "AdamW, norm and clipping's rate in the bytes the time model charges, GB/s (0 = memory bandwidth)"},
       {"intra_node_bandwidth_gbs", &HardwareSpec::intra_node_bandwidth_gbs,
        "device-to-device bandwidth inside a node, per direction, GB/s"},
       {"intra_node_efficiency", &HardwareSpec::intra_node_efficiency, "fraction of it collectives achieve"},
@@ -581,6 +585,41 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
     const double X = N * C * 4.0, F = N * 4 * C * 4.0;
     hw.memory_bandwidth_gbs = (30 * X + 6 * F) / t / 1e9;
     hw.memory_efficiency = 1.0;
+  }
+  {
+    // The cross-entropy forward and backward over config M's logits (one microbatch: 512 rows of a 50304
+    // vocabulary, fp32), in the bytes the time model charges (5 passes of 4 bytes per logit).
+    const int64_t N = 512, V = 50304;
+    Tensor logits = random_tensor(*be, {N, V}, DType::F32, 4.f), targets = be->empty({N}, DType::I32);
+    std::vector<int32_t> ids(N);
+    for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * 7919) % V);
+    be->upload_i32(ids.data(), targets);
+    Tensor row_max = be->empty({N}), sum_exp = be->empty({N}), target_logit = be->empty({N});
+    Tensor loss = be->zeros({1}, DType::F64), dlogits = be->empty({N, V});
+    double t = best_seconds(4, [&] {
+      be->ce_row_max(logits, 0, V, row_max);
+      be->ce_sum_exp(logits, row_max, targets, 0, V, sum_exp, target_logit);
+      be->ce_loss_accumulate(row_max, sum_exp, target_logit, loss);
+      be->ce_backward(logits, row_max, sum_exp, targets, 0, V, 1.f / N, dlogits);
+    });
+    hw.loss_bandwidth_gbs = 5 * 4.0 * N * V / t / 1e9;
+  }
+  {
+    // One optimizer step over 8M fp32 parameters as the trainer runs it: the gradient's sum of squares,
+    // AdamW over the flat buffers with the fp32 master copied to the weights, the gradient zeroed; in the
+    // bytes the time model charges (48 + 4 per parameter in fp32).
+    const int64_t P = int64_t(1) << 23;
+    Tensor master = random_tensor(*be, {P}, DType::F32), grad = random_tensor(*be, {P}, DType::F32);
+    Tensor m = be->zeros({P}), v = be->zeros({P}), value = be->empty({P}), sums = be->zeros({1}, DType::F64);
+    const std::vector<ops::FlatSegment> segments = {{0, P, 0.1f, 0}};
+    ops::AdamWHyper h;
+    h.lr = 1e-4f;
+    double t = best_seconds(4, [&] {
+      be->sum_squares_segments(grad, segments, sums);
+      be->adamw_step_flat(master, grad, m, v, &value, segments, h);
+      be->fill(grad, 0.f);
+    });
+    hw.optimizer_bandwidth_gbs = 52.0 * P / t / 1e9;
   }
   {
     // Shared-memory MPI moves a message with two copies through a shared segment.

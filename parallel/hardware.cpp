@@ -105,6 +105,8 @@ void HardwareSpec::validate() const {
   need(memory_reserved_gib >= 0 && memory_reserved_gib < memory_gib, "memory_reserved_gib", "must lie in [0, memory_gib)");
   need(memory_bandwidth_gbs > 0, "memory_bandwidth_gbs", "must be > 0");
   need(memory_efficiency > 0 && memory_efficiency <= 1, "memory_efficiency", "must lie in (0, 1]");
+  need(loss_bandwidth_gbs >= 0, "loss_bandwidth_gbs", "must be >= 0 (0: the memory bandwidth)");
+  need(optimizer_bandwidth_gbs >= 0, "optimizer_bandwidth_gbs", "must be >= 0 (0: the memory bandwidth)");
   need(devices_per_node >= 1, "devices_per_node", "must be >= 1");
   need(intra_node_bandwidth_gbs > 0, "intra_node_bandwidth_gbs", "must be > 0");
   need(inter_node_bandwidth_gbs > 0, "inter_node_bandwidth_gbs", "must be > 0");

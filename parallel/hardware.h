@@ -27,6 +27,13 @@ struct HardwareSpec {
   double memory_reserved_gib = 0;   // not available to tensors (runtime, communication buffers, fragmentation)
   double memory_bandwidth_gbs = 0;
   double memory_efficiency = 0.8;
+  // Achieved rates of two passes that are not plain streaming on a CPU, counted in the bytes the time model
+  // charges them (parallel/time_model.cpp): the cross-entropy over the logits (its exponentials, two per
+  // element, cost more than the traffic on one core) and AdamW with the gradient norm and clipping (a
+  // square root and a division per element). 0 = memory_bandwidth_gbs x memory_efficiency, which is what
+  // a GPU achieves for both; the CPU probe measures them.
+  double loss_bandwidth_gbs = 0;
+  double optimizer_bandwidth_gbs = 0;
   int devices_per_node = 1;
   double intra_node_bandwidth_gbs = 0;  // device to device inside a node (NVLink; shared memory on a CPU)
   double intra_node_efficiency = 0.75;

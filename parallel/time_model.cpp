@@ -54,6 +54,7 @@ double covered(double transfer, double compute, bool overlapped) { return overla
 // Per-device throughputs for one layout's compute dtype.
 struct Rates {
   double peak = 0, attention = 0, memory = 0;  // FLOP/s, FLOP/s, B/s
+  double loss = 0, optimizer = 0;              // B/s of the cross-entropy and optimizer passes as charged
   double dsize = 4;
   const GemmEfficiencyTable* gemms = nullptr;
 };
@@ -63,6 +64,8 @@ Rates rates_for(const HardwareSpec& hw, DType dtype) {
   r.peak = (dtype == DType::F32 ? hw.peak_tflops_fp32 : hw.peak_tflops_16bit) * 1e12;
   r.attention = r.peak * (hw.attention_efficiency > 0 ? hw.attention_efficiency : hw.gemm_efficiency.best());
   r.memory = hw.memory_bandwidth_gbs * 1e9 * hw.memory_efficiency;
+  r.loss = hw.loss_bandwidth_gbs > 0 ? hw.loss_bandwidth_gbs * 1e9 : r.memory;
+  r.optimizer = hw.optimizer_bandwidth_gbs > 0 ? hw.optimizer_bandwidth_gbs * 1e9 : r.memory;
   r.dsize = static_cast<double>(dtype_size(dtype));
   r.gemms = &hw.gemm_efficiency;
   return r;
@@ -245,7 +248,7 @@ EndCosts end_costs(const ModelDescription& m, const LayoutSpec& l, const Hardwar
   e.embed_tp = ring;  // all-reduce of the lookup (reduce-scatter, then all-gather in backward, under SP)
   // Logits are fp32 [N, V/t]: written, read for the max, the sum and the backward (which overwrites them).
   e.head = linear(N, h, V / t, r);
-  e.head_total = e.head.forward() + e.head.backward() + 5 * 4 * N * V / t / r.memory + 5 * X / r.memory;
+  e.head_total = e.head.forward() + e.head.backward() + 5 * 4 * N * V / t / r.loss + 5 * X / r.memory;
   // Input gather (SP) and the reduction of dx; max, sum and target logit are three small all-reduces.
   e.head_tp = ring + 3 * collective_seconds(4 * N, l.tp, per_node, 2, hw);
   return e;
@@ -411,7 +414,7 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   // AdamW over this rank's shard: master, m, v read and written, gradient read; the cast back to the
   // compute dtype; zeroing, norm and clipping passes over the gradients.
   const double shard = static_cast<double>(most_params) / (sharded ? l.dp : 1);
-  e.optimizer_s = (shard * (28 + 4 + r.dsize + 4 + 8) + static_cast<double>(most_params) * gsize) / r.memory;
+  e.optimizer_s = (shard * (28 + 4 + r.dsize + 4 + 8) + static_cast<double>(most_params) * gsize) / r.optimizer;
   e.dp_comm_s = dpw.exposed() + tied;
   e.dp_comm_hidden_s = dpw.grad_hidden + dpw.param_hidden;
   e.step_s = pipeline + e.dp_comm_s + e.optimizer_s;

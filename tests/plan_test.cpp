@@ -356,6 +356,18 @@ TEST(PlannerTimeModel, BetterHardwareNeverPredictsSlower) {
   EXPECT_NEAR(t.compute_s + t.tp_comm_s + t.pp_comm_s + t.bubble_s + t.dp_comm_s + t.optimizer_s, t.step_s, 1e-9 * t.step_s);
   EXPECT_GT(t.tp_comm_s, 0);
   EXPECT_GT(t.pp_comm_s, 0);
+  // The cross-entropy and optimizer rates: 0 (a GPU's files) means the memory bandwidth; a measured lower
+  // rate charges those passes more, and only them.
+  HardwareSpec same = base, slow_loss = base, slow_optimizer = base;
+  same.loss_bandwidth_gbs = same.optimizer_bandwidth_gbs = base.memory_bandwidth_gbs * base.memory_efficiency;
+  EXPECT_NEAR(estimate_time(m, l, same).step_s, t0, 1e-12 * t0);
+  slow_loss.loss_bandwidth_gbs = 0.25 * base.memory_bandwidth_gbs * base.memory_efficiency;
+  slow_optimizer.optimizer_bandwidth_gbs = 0.25 * base.memory_bandwidth_gbs * base.memory_efficiency;
+  const TimeEstimate tl = estimate_time(m, l, slow_loss), to = estimate_time(m, l, slow_optimizer);
+  EXPECT_GT(tl.compute_s, t.compute_s);
+  EXPECT_DOUBLE_EQ(tl.optimizer_s, t.optimizer_s);
+  EXPECT_NEAR(to.optimizer_s, 4 * t.optimizer_s, 1e-9 * to.optimizer_s);
+  EXPECT_DOUBLE_EQ(to.compute_s, t.compute_s);
   EXPECT_GT(t.dp_comm_s, 0);
   EXPECT_NEAR(t.bubble_fraction, (2 - 1.0) / (2 * l.microbatches()), 0.2 * (2 - 1.0) / (2 * l.microbatches()));
 }
@@ -438,7 +450,8 @@ TEST(PlannerHardware, FilesMatchTheBuiltIns) {
           &HardwareSpec::memory_bandwidth_gbs, &HardwareSpec::memory_efficiency, &HardwareSpec::intra_node_bandwidth_gbs,
           &HardwareSpec::intra_node_efficiency, &HardwareSpec::intra_node_latency_us,
           &HardwareSpec::inter_node_bandwidth_gbs, &HardwareSpec::inter_node_efficiency,
-          &HardwareSpec::inter_node_latency_us}) {
+          &HardwareSpec::inter_node_latency_us, &HardwareSpec::loss_bandwidth_gbs,
+          &HardwareSpec::optimizer_bandwidth_gbs}) {
       EXPECT_DOUBLE_EQ(file.*f, built.*f) << name;
       EXPECT_DOUBLE_EQ(round.*f, built.*f) << name;
     }
@@ -473,6 +486,9 @@ TEST(PlannerHardware, BadFilesNameTheKey) {
   bad = good;
   bad.replace(bad.find("attention_efficiency: 0"), 23, "attention_efficiency: 3");
   EXPECT_NE(message(bad).find("attention_efficiency must lie in [0, 2]"), std::string::npos) << message(bad);
+  EXPECT_NE(message(good + "loss_bandwidth_gbs: -1\n").find("loss_bandwidth_gbs must be >= 0"), std::string::npos);
+  EXPECT_NE(message(good + "optimizer_bandwidth_gbs: fast\n").find("key 'optimizer_bandwidth_gbs' must be a number"),
+            std::string::npos);
   EXPECT_THROW(load_hardware("no-such-gpu"), std::runtime_error);
 }
 
@@ -483,6 +499,8 @@ TEST(PlannerHardware, CpuProbeWritesALoadableDescription) {
   EXPECT_GT(hw.peak_tflops_fp32, 1e-4);  // at least 0.1 GFLOP/s on any machine that runs the tests
   EXPECT_GT(hw.peak_tflops_16bit, 1e-4);
   EXPECT_GT(hw.memory_bandwidth_gbs, 0.1);
+  EXPECT_GT(hw.loss_bandwidth_gbs, 0.01);  // measured, never the GPUs' default of 0
+  EXPECT_GT(hw.optimizer_bandwidth_gbs, 0.01);
   EXPECT_EQ(hw.devices_per_node, 2);
   // The GEMM table: a grid of 27 measured shapes and 3 with a vocabulary-sized axis, the fastest at 1.
   EXPECT_EQ(hw.gemm_efficiency.entries().size(), 30u);
@@ -490,6 +508,8 @@ TEST(PlannerHardware, CpuProbeWritesALoadableDescription) {
   EXPECT_NO_THROW(hw.gemm_efficiency.validate());
   HardwareSpec back = hardware_from_yaml(hardware_to_yaml(hw), "probe");
   EXPECT_NEAR(back.peak_tflops_fp32, hw.peak_tflops_fp32, 1e-5 * hw.peak_tflops_fp32);
+  EXPECT_NEAR(back.loss_bandwidth_gbs, hw.loss_bandwidth_gbs, 1e-5 * hw.loss_bandwidth_gbs);
+  EXPECT_NEAR(back.optimizer_bandwidth_gbs, hw.optimizer_bandwidth_gbs, 1e-5 * hw.optimizer_bandwidth_gbs);
   // The planner accepts it: config M on the two "devices" of this machine.
   PlanOptions o;
   o.devices = 2;
