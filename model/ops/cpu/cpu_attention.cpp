@@ -3,10 +3,10 @@
 // softmax, and per-thread scratch only, so memory does not grow with B*H*T^2 (the [B, H, T, T]
 // probabilities are never formed). Q, K and V are read in place from the packed qkv rows (leading
 // dimension (H + 2G)*D; query head h reads key/value group h / (H/G)). Block products are single-threaded
-// oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops; with bf16 activations, on CPUs where small bf16
-// products are fast (AVX512-BF16 without AMX), they take bf16 operands (P and dS rounded to bf16 for the
-// products that consume them, as fused GPU kernels do) and accumulate in fp32; elsewhere they run in fp32
-// on converted copies.
+// oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops; with bf16 activations, on CPUs with native bf16
+// products (AVX512-BF16 or AMX), they take bf16 operands (P and dS rounded to bf16 by the row kernels that
+// make them, for the products that consume them, as fused GPU kernels do) and accumulate in fp32; elsewhere
+// they run in fp32 on converted copies.
 //
 // Forward, per (sequence, head, query block), over key blocks j up to the diagonal:
 //   S = scale Q K_j^T;  m' = max(m, rowmax S);  P = exp(S - m');  l = l e^(m - m') + rowsum P;
@@ -29,6 +29,7 @@
 #include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/cpu/cpu_parallel.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
+#include "model/ops/half.h"
 
 namespace gpt {
 
@@ -58,40 +59,60 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, Mat
 // Number of this block's columns that row i (global) may attend to: keys j0.. up to i, at most nc.
 int64_t causal_columns(int64_t i, int64_t j0, int64_t nc) { return std::clamp<int64_t>(i - j0 + 1, 0, nc); }
 
-// Online softmax step for one score row of nc columns, `valid` of them unmasked: the row becomes
-// P = exp(S - m') (zero past `valid`), m and l are updated, and the factor e^(m - m') that rescales the
-// row's running output is returned.
-GPT_CPU_KERNEL float online_softmax_row(float* s, int64_t valid, int64_t nc, float* m, float* l) {
-  const float m_new = std::max(*m, max_of(s, valid, kNegInf));
+// Online softmax step for one row of nc unscaled scores Q K^T, `valid` of them unmasked: with S = scale Q K^T
+// the row becomes P = exp(S - m') (zero past `valid`), m and l are updated, and the factor e^(m - m') that
+// rescales the row's running output is returned. (The products leave the softmax scale to these row
+// kernels: an output scale or a sum in a bf16 product sends oneDNN 2.6 to a scalar post-processing loop.)
+// With p16, P is written there rounded to bf16 (the operand of the product that consumes it) instead of
+// into s.
+GPT_CPU_KERNEL float online_softmax_row(float* s, int64_t valid, int64_t nc, float scale, float* m, float* l,
+                                        uint16_t* p16) {
+  const float m_new = std::max(*m, scale * max_of(s, valid, kNegInf));
   float sum = 0.f;
-  if (m_new == kNegInf) {  // nothing unmasked yet: keep the row empty
-    for (int64_t c = 0; c < nc; ++c) s[c] = 0.f;
-    return 1.f;
-  }
+  if (m_new == kNegInf) valid = 0;  // nothing unmasked yet: the row stays empty
 #pragma omp simd reduction(+ : sum)
   for (int64_t c = 0; c < valid; ++c) {
-    const float e = fast_exp(s[c] - m_new);
-    s[c] = e;
+    const float e = fast_exp(s[c] * scale - m_new);
+    if (p16) p16[c] = fp32_to_bf16(e);
+    else s[c] = e;
     sum += e;
   }
-  for (int64_t c = valid; c < nc; ++c) s[c] = 0.f;
+  for (int64_t c = valid; c < nc; ++c) {
+    if (p16) p16[c] = 0;
+    else s[c] = 0.f;
+  }
+  if (m_new == kNegInf) return 1.f;
   const float alpha = fast_exp(*m - m_new);
   *l = *l * alpha + sum;
   *m = m_new;
   return alpha;
 }
 
-// One score row back to probabilities from the row's log-sum-exp: P = exp(S - lse), zero past `valid`.
-GPT_CPU_KERNEL void probabilities_row(float* s, int64_t valid, int64_t nc, float lse) {
+// One row of unscaled scores back to probabilities from the row's log-sum-exp: P = exp(scale s - lse), zero
+// past `valid`; also rounded into p16 when given.
+GPT_CPU_KERNEL void probabilities_row(float* s, int64_t valid, int64_t nc, float scale, float lse, uint16_t* p16) {
 #pragma omp simd
-  for (int64_t c = 0; c < valid; ++c) s[c] = fast_exp(s[c] - lse);
-  for (int64_t c = valid; c < nc; ++c) s[c] = 0.f;
+  for (int64_t c = 0; c < valid; ++c) {
+    const float p = fast_exp(s[c] * scale - lse);
+    s[c] = p;
+    if (p16) p16[c] = fp32_to_bf16(p);
+  }
+  for (int64_t c = valid; c < nc; ++c) {
+    s[c] = 0.f;
+    if (p16) p16[c] = 0;
+  }
 }
 
-// dS = P * (dP - dv) over one row (in place on dP); masked columns have P = 0 and get 0.
-GPT_CPU_KERNEL void softmax_backward_row(const float* p, float* dp, int64_t nc, float dv) {
+// scale dS = scale P * (dP - dv) over one row (in place on dP, or rounded into ds16 when given), the softmax
+// scale folded in for the dQ and dK products; masked columns have P = 0 and get 0.
+GPT_CPU_KERNEL void softmax_backward_row(const float* p, float* dp, int64_t nc, float dv, float scale,
+                                         uint16_t* ds16) {
 #pragma omp simd
-  for (int64_t c = 0; c < nc; ++c) dp[c] = p[c] * (dp[c] - dv);
+  for (int64_t c = 0; c < nc; ++c) {
+    const float ds = scale * p[c] * (dp[c] - dv);
+    if (ds16) ds16[c] = fp32_to_bf16(ds);
+    else dp[c] = ds;
+  }
 }
 
 GPT_CPU_KERNEL void scale_row(float* r, int64_t n, float alpha) {
@@ -104,14 +125,6 @@ GPT_CPU_KERNEL float dot_row(const float* a, const float* b, int64_t n) {
 #pragma omp simd reduction(+ : sum)
   for (int64_t c = 0; c < n; ++c) sum += a[c] * b[c];
   return sum;
-}
-
-// A block of fp32 probabilities (or dS) as an operand of the products that take it: itself in fp32, or
-// rounded into `bits` in bf16.
-const void* as_operand(const float* block, int64_t n, MatType t, std::vector<uint16_t>& bits) {
-  if (t == MatType::F32) return block;
-  from_f32(block, bits.data(), DType::BF16, n);
-  return bits.data();
 }
 
 // Copies an fp32 [rows, D] block (ld D) into rows of a packed float tensor (leading dimension ld, first
@@ -127,9 +140,9 @@ void store_rows(const float* block, int64_t rows, int64_t D, const float* scale,
   }
 }
 
-// The products run in bf16 when the activations are bf16 and this CPU runs small bf16 products faster than
-// fp32 ones (matmul_small_bf16_is_fast); else on fp32 copies of Q, K, V and dO, with P and dS kept in fp32.
-bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16 && matmul_small_bf16_is_fast(); }
+// The products run in bf16 when the activations are bf16 and this CPU multiplies bf16 natively (AVX512-BF16
+// or AMX: matmul_has_native_bf16); else on fp32 copies of Q, K, V and dO, with P and dS kept in fp32.
+bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16 && matmul_has_native_bf16(); }
 
 }  // namespace
 
@@ -167,13 +180,15 @@ void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T,
       std::fill(l.begin(), l.end(), 0.f);
       for (int64_t j0 = 0; j0 < p0 + nr; j0 += kKeyRows) {
         const int64_t nc = std::min(kKeyRows, p0 + nr - j0);  // keys past the block's last query are masked
-        product(false, true, nr, nc, D, scale, t, x.at(q + p0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nc);
+        product(false, true, nr, nc, D, 1.f, t, x.at(q + p0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nc);
         for (int64_t r = 0; r < nr; ++r) {
           const float alpha =
-              online_softmax_row(s.data() + r * nc, causal_columns(p0 + r, j0, nc), nc, &m[r], &l[r]);
+              online_softmax_row(s.data() + r * nc, causal_columns(p0 + r, j0, nc), nc, scale, &m[r], &l[r],
+                                 t == MatType::BF16 ? p16.data() + r * nc : nullptr);
           if (alpha != 1.f) scale_row(o.data() + r * D, D, alpha);
         }
-        product(false, false, nr, D, nc, 1.f, t, as_operand(s.data(), nr * nc, t, p16), nc, x.at(v + j0 * ld), ld,
+        const void* p = t == MatType::BF16 ? static_cast<const void*>(p16.data()) : s.data();
+        product(false, false, nr, D, nc, 1.f, t, p, nc, x.at(v + j0 * ld), ld,
                 1.f, o.data(), D);
       }
       for (int64_t r = 0; r < nr; ++r) {
@@ -239,19 +254,20 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
             const int64_t nr = std::min(kBackwardQueryRows, T - i0);
             // Keys past the block's last query are masked for all its rows: the products stop before them.
             const int64_t nk = std::min(nc, i0 + nr - j0);
-            product(false, true, nr, nk, D, scale, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(),
-                    nk);
+            product(false, true, nr, nk, D, 1.f, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nk);
             for (int64_t r = 0; r < nr; ++r)
-              probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, lrow[i0 + r]);
-            const void* p = as_operand(s.data(), nr * nk, t, p16);
+              probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, scale, lrow[i0 + r],
+                                bf16 ? p16.data() + r * nk : nullptr);
+            const void* p = bf16 ? static_cast<const void*>(p16.data()) : s.data();
             product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dvj, lda);
             product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f,
                     dp.data(), nk);
             for (int64_t r = 0; r < nr; ++r)
-              softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r]);
-            const void* ds = as_operand(dp.data(), nr * nk, t, ds16);
-            product(false, false, nr, D, nk, scale, t, ds, nk, x.at(k + j0 * ld), ld, dq_beta, dq + i0 * lda, lda);
-            product(true, false, nk, D, nr, scale, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dkj, lda);
+              softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r], scale,
+                                   bf16 ? ds16.data() + r * nk : nullptr);
+            const void* ds = bf16 ? static_cast<const void*>(ds16.data()) : dp.data();
+            product(false, false, nr, D, nk, 1.f, t, ds, nk, x.at(k + j0 * ld), ld, dq_beta, dq + i0 * lda, lda);
+            product(true, false, nk, D, nr, 1.f, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dkj, lda);
           }
         }
         if (!in_place) store_rows(dq, T, D, nullptr, dqkv, q, ld, w);

@@ -198,14 +198,6 @@ bool matmul_has_native_bf16() {
   return yes;
 }
 
-// Measured with build/bench/attention_bench 4 1024 4 64 bf16 5 on 2 threads: an AMD EPYC (Zen 5,
-// avx512_core_bf16) ran the attention at 237 GFLOP/s on bf16 tiles against 185 on fp32 ones; an Intel Xeon
-// with AMX (avx512_core_amx) at 79 on bf16 tiles against 154 on fp32 ones.
-bool matmul_small_bf16_is_fast() {
-  static const bool yes = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_bf16;
-  return yes;
-}
-
 int64_t matmul_primitives_created() { return g_created.load(); }
 
 std::string matmul_library_version() {

@@ -35,10 +35,6 @@ std::string matmul_isa();
 // Whether bf16 products run natively here: AVX512-BF16 or AMX. Elsewhere oneDNN emulates them (AVX-512) or
 // they run on fp32 copies (AVX2), slower than fp32 itself.
 bool matmul_has_native_bf16();
-// Whether small bf16 products (the fused attention's 128 x 256 x 64 tiles, one thread each) beat fp32 ones
-// here: only with AVX512-BF16 dot products and no AMX. oneDNN's AMX kernels set up their tiles and re-lay
-// out B on every call, which costs more than a product this small; without native bf16 they are emulated.
-bool matmul_small_bf16_is_fast();
 std::string matmul_library_version();
 
 // How many primitives have been created so far (the cache's misses): constant once every shape of a
