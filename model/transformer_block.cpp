@@ -122,8 +122,7 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   if (rope_) rope_->backward(be, dqkv, B, T, H, G, D);
   qkv_.backward(ctx, dqkv, c.ln1_full, &dln1_full);
   Tensor dln1 = enter_tp_region_backward(ctx, dln1_full);
-  ln1_.backward(ctx, dln1, c.input, c.ln1_stats, dx);
-  be.accumulate(dh, dx);  // residual
+  ln1_.backward_add(ctx, dln1, c.input, c.ln1_stats, dh, dx);  // dx = ln1's gradient + the residual's
   c = BlockCache();
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs gpt-train's build and test dependencies from Debian packages. Idempotent: packages already
 # present are skipped, so re-running costs only a dpkg query. Must run as root (or with sudo available).
+# libopenblas0-pthread: python3-torch's fp32 products go through the system BLAS, which without it is the
+# reference implementation (5 GFLOP/s); the PyTorch peers of the benchmarks and tests assume OpenBLAS.
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +13,7 @@ PACKAGES=(
   libgtest-dev googletest
   libsentencepiece-dev fortunes
   python3 python3-numpy python3-torch python3-matplotlib libjemalloc2
+  libopenblas0-pthread
   slurm-wlm munge libpmix2 python3-h5py
 )
 

@@ -20,7 +20,8 @@ struct MatmulShape {
   int64_t lda = 0, ldb = 0, ldc = 0;  // row-major leading dimensions as stored
   MatType a = MatType::F32, b = MatType::F32;
   MatType c = MatType::F32;  // bf16: written rounded, so a bf16 activation needs no fp32 copy
-  float alpha = 1.f;  // not combined with a bias
+  float alpha = 1.f;  // not combined with a bias; with bf16 operands oneDNN 2.6 applies it in a slow scalar
+                      // loop after the kernel, so hot small products leave scaling to their callers
   float beta = 0.f;   // 0 overwrites C without reading it; otherwise C is accumulated into
   bool bias = false;  // add bias[N] to every row (fp32)
 };
