@@ -251,6 +251,73 @@ TEST_F(Comm, CollectivesSplitIntoPiecesGiveTheWholeResult) {
     ASSERT_EQ(hout.data<uint16_t>()[j], static_cast<uint16_t>((j / h) * 4096 + (j % h) % 4096)) << j;
 }
 
+// fp32 sums of 1 MiB and more run as the communicator's own ring (reduce-scatter, then all-gather, over
+// MPI_Isend/MPI_Irecv), blocking or not. Groups of 2, 3 and 8 ranks; sizes at the threshold, not divisible by the group, and large
+// enough that a block travels in several 8 MiB pieces. Integer values give exact sums to check each
+// element; random values must come out identical on every rank of a group and within rounding of the
+// double-precision sum.
+TEST_F(Comm, RingAllReduceOfLargeTensors) {
+  const int r = world->rank();
+  for (int group_size : {2, 3, 8}) {
+    const int color = r < (8 / group_size) * group_size ? r / group_size : -1;
+    auto group = MpiCommunicator::split(MPI_COMM_WORLD, color, r, "ring" + std::to_string(group_size));
+    if (!group) continue;
+    const int g = group->rank();
+    const int64_t threshold = MpiCommunicator::kRingMinBytes / 4;
+    const int64_t big = group_size * MpiCommunicator::kReduceChunkElems + 2 * MpiCommunicator::kReduceChunkElems / 3 + 7;
+    for (int64_t n : {threshold, threshold + 5, big}) {
+      Tensor t = host_tensor(n);
+      for (int64_t j = 0; j < n; ++j) t.f32()[j] = float(g + 1 + (j % 997));
+      group->all_reduce(t);
+      const float ranks_sum = float(group_size * (group_size + 1) / 2);
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(t.f32()[j], ranks_sum + float(group_size * (j % 997))) << "group " << group_size << " n " << n << " j " << j;
+    }
+    // Non-blocking: three rings in flight at once (their messages between the same neighbours must not
+    // mix), nudged with progress() and waited in another order than they started.
+    {
+      const int64_t n = 2 * MpiCommunicator::kReduceChunkElems + 3 * threshold + 1;
+      std::vector<Tensor> ts;
+      std::vector<std::unique_ptr<PendingSend>> pending;
+      for (int k = 0; k < 3; ++k) {
+        ts.push_back(host_tensor(n));
+        for (int64_t j = 0; j < n; ++j) ts[k].f32()[j] = float((k + 1) * (g + 1) + (j % 101));
+        pending.push_back(group->all_reduce_async(ts[k]));
+      }
+      for (auto& one : pending) one->progress();
+      pending[2]->wait();
+      pending[0]->wait();
+      pending[1]->wait();
+      const float ranks_sum = float(group_size * (group_size + 1) / 2);
+      for (int k = 0; k < 3; ++k)
+        for (int64_t j = 0; j < n; ++j)
+          ASSERT_EQ(ts[k].f32()[j], float(k + 1) * ranks_sum + float(group_size * (j % 101))) << k << " " << j;
+    }
+    // Random values: the same bits everywhere, close to the exact sum.
+    const int64_t n = threshold * 3 + 11;
+    Tensor t = host_tensor(n);
+    auto value = [](int rank, int64_t j) {
+      uint64_t x = (uint64_t(rank) << 40) ^ uint64_t(j) * 0x9E3779B97F4A7C15ull;
+      x ^= x >> 29;
+      x *= 0xBF58476D1CE4E5B9ull;
+      x ^= x >> 32;
+      return float(double(x % 2000001) / 1000000.0 - 1.0);
+    };
+    for (int64_t j = 0; j < n; ++j) t.f32()[j] = value(g, j);
+    group->all_reduce(t);
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0;
+      for (int k = 0; k < group_size; ++k) exact += value(k, j);
+      ASSERT_NEAR(t.f32()[j], exact, 1e-6 * group_size) << j;
+    }
+    Tensor first = host_tensor(n);
+    std::memcpy(first.raw(), t.raw(), t.bytes());
+    group->broadcast(first, 0);
+    ASSERT_EQ(std::memcmp(first.raw(), t.raw(), t.bytes()), 0) << "group of " << group_size << ": rank " << g
+                                                             << " differs from rank 0";
+  }
+}
+
 // The non-blocking reductions of gradient buckets: several in flight at once and completed out of order,
 // large enough to run as several MPI requests each (8 MiB pieces, a ragged last one), reduce-scatter
 // blocks of unequal and empty sizes crossing piece boundaries, each element checked against its sum.
