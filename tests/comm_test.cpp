@@ -252,10 +252,10 @@ TEST_F(Comm, CollectivesSplitIntoPiecesGiveTheWholeResult) {
 }
 
 // fp32 sums of 1 MiB and more run as the communicator's own ring (reduce-scatter, then all-gather, over
-// MPI_Isend/MPI_Irecv), blocking or not. Groups of 2, 3 and 8 ranks; sizes at the threshold, not divisible by the group, and large
-// enough that a block travels in several 8 MiB pieces. Integer values give exact sums to check each
-// element; random values must come out identical on every rank of a group and within rounding of the
-// double-precision sum.
+// MPI_Isend/MPI_Irecv), blocking or not. Groups of 2, 3 and 8 ranks; sizes at the threshold, not divisible
+// by the group, and large enough that a block travels in several of the ring's 1 MiB pieces. Integer
+// values give exact sums to check each element; random values must come out identical on every rank of a
+// group and within rounding of the double-precision sum.
 TEST_F(Comm, RingAllReduceOfLargeTensors) {
   const int r = world->rank();
   for (int group_size : {2, 3, 8}) {
