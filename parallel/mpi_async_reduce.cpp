@@ -1,7 +1,7 @@
-// The MPI communicator's non-blocking reductions of fp32 host tensors (gradient buckets): a ring
-// all-reduce of our own for sums of kRingMinBytes and more (PendingRing), MPI_Iallreduce in place below
-// that, and MPI_Ireduce_scatter with one count per rank into a receive buffer that is copied into this
-// rank's block when the reduction completes. Both are cut into the same pieces as the blocking
+// The MPI communicator's non-blocking reductions of fp32 host tensors (gradient buckets). Those of
+// kRingMinBytes and more run as the communicator's own rings (parallel/mpi_ring.cpp); below that, sums
+// run as MPI_Iallreduce in place, and reduce-scatters as MPI_Ireduce_scatter with one count per rank into
+// a receive buffer that is copied into this rank's block when the reduction completes. Both are cut into the same pieces as the blocking
 // collectives (MpiCommunicator::kReduceChunkElems), each piece its own request; the handle keeps the
 // tensor, the counts and the receive buffer alive until every request is done. Open MPI runs a
 // non-blocking collective's rounds only inside MPI calls, so progress() tests the requests: the bucket
@@ -20,9 +20,6 @@ namespace gpt {
 namespace {
 // The blocking reductions' piece size: the same pieces keep Open MPI on its fast shared-memory path.
 constexpr int64_t kPieceElems = MpiCommunicator::kReduceChunkElems;
-// The ring's pieces: each ring in flight holds a receive buffer of one piece, and a step's buckets can all
-// be in flight at once, so the pieces stay small (two ranks: 3.4-3.9 GB/s at 1 MiB, as at 8 MiB).
-constexpr int64_t kRingPieceElems = MpiCommunicator::kRingMinBytes / 4;
 
 MPI_Op mpi_sum_or(ReduceOp op) {
   switch (op) {
@@ -81,128 +78,10 @@ class MpiCommunicator::PendingReduction final : public PendingSend {
   Tensor tensor_;
 };
 
-// Ring all-reduce as a state machine: 2(p - 1) steps (p - 1 of reduce-scatter, then p - 1 of
-// all-gather), each sending one block to the right neighbour while receiving one from the left, in pieces
-// of at most kRingPieceElems; a reduce-scatter piece lands in scratch and is added into the tensor, an
-// all-gather piece lands in place. One piece is in flight at a time; progress() moves on as far as the
-// arrived pieces allow without blocking, wait() to the end. Each block's sum is formed once, on the rank
-// the ring ends at, and then copied, so every rank gets the same bits, in an order of additions fixed by
-// the group's size.
-class MpiCommunicator::PendingRing final : public PendingSend {
- public:
-  PendingRing(MpiCommunicator& comm, Tensor t)
-      : comm_(comm), tensor_(std::move(t)), n_(tensor_.numel()), p_(comm.size_),
-        block_((n_ + p_ - 1) / p_),
-        tag_(comm.tag_ub_ + 1 + static_cast<int>(comm.rings_started_++ % kRingTags)) {
-    if (!comm_.ring_scratch_.empty()) {
-      scratch_ = std::move(comm_.ring_scratch_.back());
-      comm_.ring_scratch_.pop_back();
-    }
-    scratch_.resize(static_cast<size_t>(std::min(block_, kRingPieceElems)));
-    post();
-  }
-  ~PendingRing() override {
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      spdlog::error("MPI ring all-reduce completed with an error while being destroyed: {}", e.what());
-    }
-  }
-
-  void progress() override {
-    while (in_flight()) {
-      int done = 0;
-      comm_.check(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE), "ring all-reduce (MPI_Testall)");
-      if (!done) return;
-      arrived();
-    }
-  }
-
-  void wait() override {
-    if (!in_flight()) return;
-    const auto start = std::chrono::steady_clock::now();
-    {
-      CommunicationMarker marker(comm_.name_);
-      while (in_flight()) {
-        comm_.check(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), "ring all-reduce (MPI_Waitall)");
-        arrived();
-      }
-    }
-    comm_.seconds_spent_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
- private:
-  bool in_flight() const { return step_ < 2 * (p_ - 1); }
-  bool reducing() const { return step_ < p_ - 1; }
-  std::pair<int64_t, int64_t> block_range(int b) const {
-    const int64_t begin = std::min(n_, int64_t(b) * block_);
-    return {begin, std::min(n_, begin + block_)};
-  }
-  // After reduce-scatter step k rank r holds the partial sum of block (r - k - 1) mod p over k + 2 ranks,
-  // so after p - 1 steps its block (r + 1) mod p is complete; the all-gather passes complete blocks on.
-  int send_block() const {
-    const int r = comm_.rank_, k = reducing() ? step_ : step_ - (p_ - 1);
-    return ((reducing() ? r - k : r + 1 - k) % p_ + p_) % p_;
-  }
-  int recv_block() const { return (send_block() - 1 + p_) % p_; }
-
-  // Posts the current piece of the current step.
-  void post() {
-    const auto [s0, s1] = block_range(send_block());
-    const auto [r0, r1] = block_range(recv_block());
-    const int sc = static_cast<int>(std::clamp<int64_t>(s1 - s0 - offset_, 0, kRingPieceElems));
-    recv_count_ = static_cast<int>(std::clamp<int64_t>(r1 - r0 - offset_, 0, kRingPieceElems));
-    recv_at_ = tensor_.f32() + r0 + offset_;
-    const int right = (comm_.rank_ + 1) % p_, left = (comm_.rank_ + p_ - 1) % p_;
-    comm_.check(MPI_Irecv(reducing() ? scratch_.data() : recv_at_, recv_count_, MPI_FLOAT, left, tag_, comm_.comm_,
-                          &requests_[0]),
-                "ring all-reduce (MPI_Irecv)");
-    comm_.check(MPI_Isend(tensor_.f32() + s0 + offset_, sc, MPI_FLOAT, right, tag_, comm_.comm_, &requests_[1]),
-                "ring all-reduce (MPI_Isend)");
-  }
-
-  // The current piece is through: add it in (reduce-scatter), then post the next piece or step.
-  void arrived() {
-    if (reducing()) {
-      const float* in = scratch_.data();
-      float* out = recv_at_;
-      for (int i = 0; i < recv_count_; ++i) out[i] += in[i];
-    }
-    const auto [s0, s1] = block_range(send_block());
-    const auto [r0, r1] = block_range(recv_block());
-    offset_ += kRingPieceElems;
-    if (offset_ >= std::max(s1 - s0, r1 - r0)) offset_ = 0, ++step_;
-    if (in_flight()) {
-      post();
-    } else {
-      comm_.ring_scratch_.push_back(std::move(scratch_));
-      tensor_ = Tensor();
-    }
-  }
-
-  MpiCommunicator& comm_;
-  Tensor tensor_;
-  const int64_t n_;
-  const int p_;
-  const int64_t block_;
-  const int tag_;
-  int step_ = 0;
-  int64_t offset_ = 0;  // of the current piece within the step's blocks
-  MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  float* recv_at_ = nullptr;
-  int recv_count_ = 0;
-  std::vector<float> scratch_;
-};
-
-std::unique_ptr<PendingSend> MpiCommunicator::start_ring(Tensor& t) {
-  bytes_moved_ += t.numel() * static_cast<int64_t>(sizeof(float));
-  return std::make_unique<PendingRing>(*this, t);
-}
-
 std::unique_ptr<PendingSend> MpiCommunicator::all_reduce_async(Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce_async");
   if (t.dtype() != DType::F32) return Communicator::all_reduce_async(t, op);  // 16-bit: the blocking path
-  if (op == ReduceOp::Sum && size_ > 1 && t.numel() * int64_t(sizeof(float)) >= kRingMinBytes) return start_ring(t);
+  if (op == ReduceOp::Sum && size_ > 1 && t.numel() * int64_t(sizeof(float)) >= kRingMinBytes) return start_ring_all_reduce(t);
   auto pending = std::make_unique<PendingReduction>(*this, t);
   for (int64_t start = 0; start < t.numel(); start += kPieceElems) {
     const int n = static_cast<int>(std::min(kPieceElems, t.numel() - start));
@@ -226,6 +105,7 @@ std::unique_ptr<PendingSend> MpiCommunicator::reduce_scatter_blocks_async(Tensor
                                 " elements in all, for a group of " + std::to_string(size_) +
                                 " and a tensor of " + std::to_string(t.numel()));
   if (t.dtype() != DType::F32) return Communicator::reduce_scatter_blocks_async(t, counts);
+  if (size_ > 1 && t.numel() * int64_t(sizeof(float)) >= kRingMinBytes) return start_ring_reduce_scatter(t, counts);
   auto pending = std::make_unique<PendingReduction>(*this, t);
   // Block r is [begin[r], begin[r] + counts[r]) of t.
   std::vector<int64_t> begin(size_, 0);

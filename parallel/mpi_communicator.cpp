@@ -122,7 +122,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm),
   int* ub = nullptr;
   int flag = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
-  if (flag && ub) tag_ub_ = *ub - kRingTags;  // the top tags are the ring all-reduces' own (start_ring)
+  if (flag && ub) tag_ub_ = *ub - kRingTags;  // the top tags are the ring all-reduces' own (parallel/mpi_ring.cpp)
 }
 
 static void require_mpi(const std::string& what) {
@@ -205,7 +205,7 @@ void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {
   const int64_t total = t.numel();
   const bool wide = t.dtype() == DType::F32;
   if (wide && op == ReduceOp::Sum && size_ > 1 && total * int64_t(sizeof(float)) >= kRingMinBytes) {
-    start_ring(t)->wait();  // counts its own bytes and time
+    start_ring_all_reduce(t)->wait();  // counts its own bytes and time
     return;
   }
   ScopedTimer timer(seconds_spent_, name_);

@@ -7,8 +7,9 @@
 // the blocking point-to-point ops it offers non-blocking isend/irecv and a batched `exchange` that posts a
 // set of sends and receives together and waits for all of them: a pipeline stage that sends to its
 // neighbour while receiving from it cannot deadlock that way. The non-blocking reductions of gradient
-// buckets (all_reduce_async: MPI_Iallreduce; reduce_scatter_blocks_async: MPI_Ireduce_scatter with a count
-// per rank) take fp32 tensors, in the same pieces as the blocking ones; other dtypes reduce at once.
+// buckets (all_reduce_async, reduce_scatter_blocks_async with a count per rank) take fp32 tensors: from
+// kRingMinBytes up they run as this class's own rings, below that as Open MPI's non-blocking collectives in
+// the same pieces as the blocking ones; other dtypes reduce at once.
 #pragma once
 #include <mpi.h>
 
@@ -74,15 +75,17 @@ class MpiCommunicator final : public Communicator {
   // at every size; MPI_Allgather 6 GB/s at 32 MiB, 2 GB/s at 128 MiB), while 8 MiB pieces keep the fast path.
   static constexpr int64_t kCollectiveChunkBytes = int64_t(8) << 20;
   static constexpr int64_t kReduceChunkElems = kCollectiveChunkBytes / 4;
-  // fp32 sums of at least this many bytes, blocking or not, run as this class's own ring (start_ring:
-  // reduce-scatter, then all-gather, over MPI_Isend/MPI_Irecv with the neighbours) instead of
-  // MPI_Allreduce / MPI_Iallreduce. Open MPI's non-blocking all-reduce (libnbc) allocates and copies a
-  // temporary buffer of the whole piece on every call, and inside a training step, where the heap is
-  // trimmed between calls, those pages fault in again each time: config M's 120 MB gradient reduction over
-  // two ranks cost about 0.5 s per step on a 2-vCPU VM, against 30 ms for the same bytes warm.
+  // fp32 sums of at least this many bytes, blocking or not, and non-blocking reduce-scatters as large, run
+  // as this class's own rings (parallel/mpi_ring.cpp, over MPI_Isend/MPI_Irecv with the neighbours)
+  // instead of MPI_Allreduce / MPI_Iallreduce / MPI_Ireduce_scatter. Open MPI's non-blocking collectives
+  // (libnbc) allocate and copy a temporary buffer of the whole piece on every call, and inside a training
+  // step, where the heap is trimmed between calls, those pages fault in again each time: config M's 120 MB
+  // gradient reduction over two ranks cost about 0.5 s per step on a 2-vCPU VM, against 30 ms for the same
+  // bytes warm.
   static constexpr int64_t kRingMinBytes = int64_t(1) << 20;
-  // Tags at the top of MPI's range reserved for rings in flight (each ring its own, so the messages of two
-  // rings between the same neighbours never match each other's receives).
+  // Tags at the top of MPI's range reserved for rings in flight: each ring takes a slot of 8 (one per
+  // column in flight), and a slot is reused only once its previous ring is through, so the messages of two
+  // rings between the same neighbours never match each other's receives.
   static constexpr int kRingTags = 1024;
 
   int rank() const override { return rank_; }
@@ -124,7 +127,8 @@ class MpiCommunicator final : public Communicator {
   void post(MpiRequest& request, const Tensor& t, bool is_recv, int peer, int tag, const char* op);
   void complete(MpiRequest* const* requests, size_t n);
   class PendingRing;
-  std::unique_ptr<PendingSend> start_ring(Tensor& t);
+  std::unique_ptr<PendingSend> start_ring_all_reduce(Tensor& t);
+  std::unique_ptr<PendingSend> start_ring_reduce_scatter(Tensor& t, const std::vector<int64_t>& counts);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
@@ -134,6 +138,7 @@ class MpiCommunicator final : public Communicator {
   int tag_ub_ = 32767 - kRingTags;  // the largest tag callers may use: MPI_TAG_UB less the rings' tags
   int64_t rings_started_ = 0;         // picks each ring's tag; rings start in the same order on every rank
   std::vector<std::vector<float>> ring_scratch_;  // receive buffers of finished rings, for the next ones
+  std::vector<PendingRing*> live_rings_;          // per tag slot: the ring in flight on it, or nullptr
 };
 
 // Batched point-to-point on any communicator: MpiCommunicator posts the whole batch at once; a group of one

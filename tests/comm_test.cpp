@@ -318,6 +318,79 @@ TEST_F(Comm, RingAllReduceOfLargeTensors) {
   }
 }
 
+// Non-blocking reduce-scatters of 1 MiB and more run as the communicator's own ring, in place, with blocks
+// of any sizes: all in one rank's block (a distributed-optimizer bucket inside one shard, which streams
+// round the ring over several columns at once), equal, ragged with empty blocks. Groups of 2, 3 and 8;
+// each owner's block is checked element by element against its exact sum, and a mix of reduce-scatters
+// and all-reduces in flight together is waited in reverse order.
+TEST_F(Comm, RingReduceScatterOfBlocksOfAnySize) {
+  const int r = world->rank();
+  for (int group_size : {2, 3, 8}) {
+    const int color = r < (8 / group_size) * group_size ? r / group_size : -1;
+    auto group = MpiCommunicator::split(MPI_COMM_WORLD, color, r, "scatter" + std::to_string(group_size));
+    if (!group) continue;
+    const int g = group->rank(), p = group_size;
+    const int64_t piece = MpiCommunicator::kRingMinBytes / 4;
+    const int64_t n = 3 * piece + 123;
+    std::vector<std::vector<int64_t>> layouts;
+    for (int owner = 0; owner < p; ++owner) {  // everything in one block
+      layouts.emplace_back(p, 0);
+      layouts.back()[owner] = n;
+    }
+    layouts.emplace_back(p, n / p);  // equal, the remainder in the last block
+    layouts.back()[p - 1] += n % p;
+    layouts.emplace_back(p, 0);  // ragged: empty blocks, one of a single element, the rest in the last
+    layouts.back()[0] = piece + 1;
+    if (p > 2) layouts.back()[1] = 1;
+    layouts.back()[p - 1] = n - piece - 1 - (p > 2 ? 1 : 0);
+    std::vector<Tensor> ts, sums;
+    std::vector<std::unique_ptr<PendingSend>> pending;
+    for (size_t k = 0; k < layouts.size(); ++k) {
+      ts.push_back(host_tensor(n));
+      for (int64_t j = 0; j < n; ++j) ts.back().f32()[j] = float((g + 1) * int64_t(k + 1) + (j % 1009));
+      pending.push_back(group->reduce_scatter_blocks_async(ts.back(), layouts[k]));
+      sums.push_back(host_tensor(n + 7));  // an all-reduce in flight between them
+      for (int64_t j = 0; j < n + 7; ++j) sums.back().f32()[j] = float(g + (j % 13));
+      pending.push_back(group->all_reduce_async(sums.back()));
+      pending.back()->progress();
+    }
+    for (auto it = pending.rbegin(); it != pending.rend(); ++it) (*it)->wait();
+    const float ranks_sum = float(p * (p + 1) / 2), ranks_sum0 = float(p * (p - 1) / 2);
+    for (size_t k = 0; k < layouts.size(); ++k) {
+      int64_t begin = 0;
+      for (int b = 0; b < g; ++b) begin += layouts[k][b];
+      for (int64_t j = begin; j < begin + layouts[k][g]; ++j)
+        ASSERT_EQ(ts[k].f32()[j], ranks_sum * float(k + 1) + float(p * (j % 1009)))
+            << "group " << p << " layout " << k << " rank " << g << " element " << j;
+      for (int64_t j = 0; j < n + 7; ++j) ASSERT_EQ(sums[k].f32()[j], ranks_sum0 + float(p * (j % 13))) << j;
+    }
+  }
+}
+
+// More rings in flight than the communicator has tag slots for (MpiCommunicator::kRingTags / 8): a ring
+// that needs a busy slot first completes the ring on it, so two rings in flight never share tags (their
+// messages could otherwise match each other's receives once they are at different steps). Over all 8
+// ranks: ring 0 is complete as soon as the ring after the last free slot has started, and every ring,
+// waited newest first, holds its sum.
+TEST_F(Comm, MoreRingsInFlightThanTagSlots) {
+  const int r = world->rank(), slots = MpiCommunicator::kRingTags / 8, rings = slots + 2;
+  const int64_t n = MpiCommunicator::kRingMinBytes / 4 + 3;
+  auto expected = [](int k, int64_t j) { return float(36 * k + 8 * (j % 31)); };
+  std::vector<Tensor> ts;
+  std::vector<std::unique_ptr<PendingSend>> pending;
+  for (int k = 0; k < rings; ++k) {
+    ts.push_back(host_tensor(n));
+    for (int64_t j = 0; j < n; ++j) ts.back().f32()[j] = float(k * (r + 1) + (j % 31));
+    pending.push_back(world->all_reduce_async(ts.back()));
+    if (k == slots) {
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(ts[0].f32()[j], expected(0, j)) << "ring 0 before its wait, " << j;
+    }
+  }
+  for (auto it = pending.rbegin(); it != pending.rend(); ++it) (*it)->wait();
+  for (int k = 0; k < rings; ++k)
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(ts[k].f32()[j], expected(k, j)) << k << " " << j;
+}
+
 // The non-blocking reductions of gradient buckets: several in flight at once and completed out of order,
 // large enough to run as several MPI requests each (8 MiB pieces, a ragged last one), reduce-scatter
 // blocks of unequal and empty sizes crossing piece boundaries, each element checked against its sum.
