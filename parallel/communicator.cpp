@@ -28,14 +28,23 @@ std::unique_ptr<PendingSend> Communicator::all_reduce_async(Tensor& t, ReduceOp 
   return std::make_unique<CompletedSend>();
 }
 
-std::unique_ptr<PendingSend> Communicator::reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts) {
+void Communicator::check_block_counts(const std::vector<int64_t>& counts, int64_t numel,
+                                      const std::string& who) const {
   int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  if (static_cast<int>(counts.size()) != size() || total != t.numel())
-    throw std::invalid_argument("Communicator(" + name() + ")::reduce_scatter_blocks_async: " +
-                                std::to_string(counts.size()) + " blocks of " + std::to_string(total) +
-                                " elements in all, for a group of " + std::to_string(size()) + " and a tensor of " +
-                                std::to_string(t.numel()));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] < 0)
+      throw std::invalid_argument(who + "::reduce_scatter_blocks_async: block " + std::to_string(r) + " has " +
+                                  std::to_string(counts[r]) + " elements");
+    total += counts[r];
+  }
+  if (static_cast<int>(counts.size()) != size() || total != numel)
+    throw std::invalid_argument(who + "::reduce_scatter_blocks_async: " + std::to_string(counts.size()) +
+                                " blocks of " + std::to_string(total) + " elements in all, for a group of " +
+                                std::to_string(size()) + " and a tensor of " + std::to_string(numel));
+}
+
+std::unique_ptr<PendingSend> Communicator::reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts) {
+  check_block_counts(counts, t.numel(), "Communicator(" + name() + ")");
   if (size() > 1) all_reduce(t);  // every block summed: this rank's among them
   return std::make_unique<CompletedSend>();
 }

@@ -51,7 +51,9 @@ class Communicator {
 
   // Non-blocking reductions: each starts and returns at once; `t` must stay alive and untouched until the
   // handle's wait() (or destruction), after which it holds the result. Every rank of the group must start
-  // the group's non-blocking reductions in the same order. The defaults run the blocking collectives.
+  // the group's non-blocking reductions in the same order, and wait for them in the same order too (the MPI
+  // communicator's rings move on only inside their own progress() and wait()). The defaults run the
+  // blocking collectives.
   // In-place reduction of t over the group.
   virtual std::unique_ptr<PendingSend> all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum);
   // t is cut into consecutive blocks of counts[0], counts[1], ... elements, one per rank of the group (they
@@ -65,6 +67,10 @@ class Communicator {
   double seconds_spent() const { return seconds_spent_; }
 
  protected:
+  // reduce_scatter_blocks_async's argument check: one count per rank, none negative, adding up to numel.
+  // `who` names the caller in the error, e.g. "MpiCommunicator(dp)".
+  void check_block_counts(const std::vector<int64_t>& counts, int64_t numel, const std::string& who) const;
+
   int64_t bytes_moved_ = 0;
   double seconds_spent_ = 0;
 };

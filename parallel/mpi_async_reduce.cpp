@@ -97,13 +97,7 @@ std::unique_ptr<PendingSend> MpiCommunicator::all_reduce_async(Tensor& t, Reduce
 std::unique_ptr<PendingSend> MpiCommunicator::reduce_scatter_blocks_async(Tensor& t,
                                                                          const std::vector<int64_t>& counts) {
   check_tensor(t, "reduce_scatter_blocks_async");
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  if (static_cast<int>(counts.size()) != size_ || total != t.numel())
-    throw std::invalid_argument("MpiCommunicator(" + name_ + ")::reduce_scatter_blocks_async: " +
-                                std::to_string(counts.size()) + " blocks of " + std::to_string(total) +
-                                " elements in all, for a group of " + std::to_string(size_) +
-                                " and a tensor of " + std::to_string(t.numel()));
+  check_block_counts(counts, t.numel(), "MpiCommunicator(" + name_ + ")");
   if (t.dtype() != DType::F32) return Communicator::reduce_scatter_blocks_async(t, counts);
   if (size_ > 1 && t.numel() * int64_t(sizeof(float)) >= kRingMinBytes) return start_ring_reduce_scatter(t, counts);
   auto pending = std::make_unique<PendingReduction>(*this, t);

@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -139,6 +140,8 @@ class MpiCommunicator final : public Communicator {
   int64_t rings_started_ = 0;         // picks each ring's tag; rings start in the same order on every rank
   std::vector<std::vector<float>> ring_scratch_;  // receive buffers of finished rings, for the next ones
   std::vector<PendingRing*> live_rings_;          // per tag slot: the ring in flight on it, or nullptr
+  // Scratch and tensor of rings whose MPI calls failed, with requests perhaps still posted into them.
+  std::vector<std::pair<std::vector<float>, Tensor>> abandoned_ring_buffers_;
 };
 
 // Batched point-to-point on any communicator: MpiCommunicator posts the whole batch at once; a group of one

@@ -53,23 +53,24 @@ class MpiCommunicator::PendingRing final : public PendingSend {
     lanes_.resize(static_cast<size_t>(lanes));
     requests_.assign(2 * static_cast<size_t>(lanes), MPI_REQUEST_NULL);
     comm_.live_rings_[slot_] = this;
+    registered_ = true;
     for (int l = 0; l < lanes; ++l) start_column(l, l);
   }
+  // Touches the communicator only while the ring is in flight (a finished handle may outlive it).
   ~PendingRing() override {
     try {
       wait();
     } catch (const std::exception& e) {
       spdlog::error("MPI ring reduction completed with an error while being destroyed: {}", e.what());
     }
-    if (!comm_.live_rings_.empty() && comm_.live_rings_[slot_] == this) comm_.live_rings_[slot_] = nullptr;
   }
 
   void progress() override {
     while (active_ > 0) {
       int count = 0;
-      comm_.check(MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &count, done_.data(),
-                               MPI_STATUSES_IGNORE),
-                  "ring reduction (MPI_Testsome)");
+      check(MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &count, done_.data(),
+                         MPI_STATUSES_IGNORE),
+            "ring reduction (MPI_Testsome)");
       if (!advance_finished_lanes()) return;
     }
   }
@@ -81,9 +82,9 @@ class MpiCommunicator::PendingRing final : public PendingSend {
       CommunicationMarker marker(comm_.name_);
       while (active_ > 0) {
         int count = 0;
-        comm_.check(MPI_Waitsome(static_cast<int>(requests_.size()), requests_.data(), &count, done_.data(),
-                                 MPI_STATUSES_IGNORE),
-                    "ring reduction (MPI_Waitsome)");
+        check(MPI_Waitsome(static_cast<int>(requests_.size()), requests_.data(), &count, done_.data(),
+                           MPI_STATUSES_IGNORE),
+              "ring reduction (MPI_Waitsome)");
         advance_finished_lanes();
       }
     }
@@ -135,12 +136,11 @@ class MpiCommunicator::PendingRing final : public PendingSend {
     float* into = reducing(l) ? scratch_.data() + lane * stride_ : l.recv_at;
     const int right = (comm_.rank_ + 1) % p_, left = (comm_.rank_ + p_ - 1) % p_;
     const int tag = comm_.tag_ub_ + 1 + slot_ * kRingLanes + lane;
-    comm_.check(MPI_Irecv(into, static_cast<int>(l.recv_count), MPI_FLOAT, left, tag, comm_.comm_,
-                          &requests_[2 * lane]),
-                "ring reduction (MPI_Irecv)");
-    comm_.check(MPI_Isend(tensor_.f32() + s0, static_cast<int>(s1 - s0), MPI_FLOAT, right, tag, comm_.comm_,
-                          &requests_[2 * lane + 1]),
-                "ring reduction (MPI_Isend)");
+    check(MPI_Irecv(into, static_cast<int>(l.recv_count), MPI_FLOAT, left, tag, comm_.comm_, &requests_[2 * lane]),
+          "ring reduction (MPI_Irecv)");
+    check(MPI_Isend(tensor_.f32() + s0, static_cast<int>(s1 - s0), MPI_FLOAT, right, tag, comm_.comm_,
+                    &requests_[2 * lane + 1]),
+          "ring reduction (MPI_Isend)");
   }
 
   // Moves on every lane whose send and receive are both through; false when none was.
@@ -163,12 +163,25 @@ class MpiCommunicator::PendingRing final : public PendingSend {
       --active_;
       start_column(lane, l.column + static_cast<int64_t>(lanes_.size()));
     }
-    if (active_ == 0 && !lanes_.empty() && comm_.live_rings_[slot_] == this) {
+    if (active_ == 0 && registered_) {
       comm_.live_rings_[slot_] = nullptr;
+      registered_ = false;
       comm_.ring_scratch_.push_back(std::move(scratch_));
       tensor_ = Tensor();
     }
     return moved;
+  }
+
+  // An MPI call failed: the ring stops where it is, for good, and the error is thrown. Requests may still
+  // be posted into the scratch and the tensor, so the communicator keeps both until it is freed.
+  void check(int rc, const char* what) {
+    if (rc == MPI_SUCCESS) return;
+    active_ = 0;
+    for (Lane& l : lanes_) l.column = -1;
+    if (registered_) comm_.live_rings_[slot_] = nullptr;
+    registered_ = false;
+    comm_.abandoned_ring_buffers_.emplace_back(std::move(scratch_), tensor_);
+    comm_.check(rc, what);
   }
 
   MpiCommunicator& comm_;
@@ -179,7 +192,8 @@ class MpiCommunicator::PendingRing final : public PendingSend {
   const int slot_;
   int64_t columns_ = 0;
   int64_t stride_ = 0;  // of the lanes' pieces in scratch_
-  int active_ = 0;  // lanes with a column in flight
+  int active_ = 0;          // lanes with a column in flight
+  bool registered_ = false;  // in comm_.live_rings_ (from the first post until done or failed)
   std::vector<Lane> lanes_;
   std::vector<MPI_Request> requests_;  // lane l: [2l] its receive, [2l + 1] its send
   std::vector<int> done_ = std::vector<int>(2 * kRingLanes);

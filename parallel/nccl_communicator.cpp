@@ -364,17 +364,9 @@ std::unique_ptr<PendingSend> NcclCommunicator::reduce_scatter_blocks_async(Tenso
     return std::make_unique<Pending>(this, Tensor(), nullptr);
   }
   check_tensor(t, "reduce_scatter_blocks_async", "t");
-  int64_t total = 0;
+  check_block_counts(counts, t.numel(), "NcclCommunicator(" + name_ + ")");
   bool equal = true;
-  for (int64_t c : counts) {
-    total += c;
-    equal = equal && c == counts.front();
-  }
-  if (static_cast<int>(counts.size()) != size_ || total != t.numel())
-    throw std::invalid_argument("NcclCommunicator(" + name_ + ")::reduce_scatter_blocks_async: " +
-                                std::to_string(counts.size()) + " blocks of " + std::to_string(total) +
-                                " elements in all, for a group of " + std::to_string(size_) + " and " +
-                                shape_str(t.shape()));
+  for (int64_t c : counts) equal = equal && c == counts.front();
   const ncclDataType_t type = reduce_type(t, "reduce_scatter_blocks_async");
   const size_t esize = dtype_size(t.dtype());
   char* base = static_cast<char*>(t.raw());
