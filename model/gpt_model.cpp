@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace gpt {
 
@@ -94,18 +95,19 @@ void ModelChunk::reduce_tied_gradient_locally(Backend& backend) {
   backend.fill(head_grad_, 0.f);
 }
 
-Tensor ModelChunk::run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache) {
+Residual ModelChunk::run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache) {
+  Residual r{std::move(x), Tensor()};
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    Tensor y;
+    Residual y;
     if (cache) {
-      blocks_[i]->forward(ctx, x, b.B, b.T, y, cache->blocks[i], spec_.recompute);
+      blocks_[i]->forward(ctx, std::move(r), b.B, b.T, y, cache->blocks[i], spec_.recompute);
     } else {
       BlockCache scratch;
-      blocks_[i]->forward(ctx, x, b.B, b.T, y, scratch);
+      blocks_[i]->forward(ctx, std::move(r), b.B, b.T, y, scratch);
     }
-    x = y;
+    r = std::move(y);
   }
-  return x;
+  return r;
 }
 
 Tensor ModelChunk::forward(LayerContext& ctx, int mb, const Microbatch& b, const Tensor& input, float grad_scale,
@@ -115,11 +117,10 @@ Tensor ModelChunk::forward(LayerContext& ctx, int mb, const Microbatch& b, const
   c.blocks.resize(blocks_.size());
   Tensor x = input;
   if (is_first()) embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
-  x = run_blocks(ctx, b, x, &c);
-  if (!is_last()) return x;
-  c.final_in = x;
+  Residual out = run_blocks(ctx, b, std::move(x), &c);
+  if (!is_last()) return materialise(ctx.backend, std::move(out));
   Tensor normed;
-  final_ln_->forward(ctx, x, normed, c.final_stats);
+  final_ln_->forward_residual(ctx, std::move(out), c.final_in, normed, c.final_stats);
   if (!loss_sum) throw std::invalid_argument("ModelChunk::forward: the last chunk needs a loss accumulator");
   head_->forward_backward(ctx, normed, b.targets, grad_scale, c.head_dx, *loss_sum);
   return Tensor();
@@ -156,11 +157,11 @@ Tensor ModelChunk::backward(LayerContext& ctx, int mb, const Microbatch& b, cons
 Tensor ModelChunk::eval_forward(LayerContext& ctx, const Microbatch& b, const Tensor& input, Tensor* loss_sum) {
   Tensor x = input;
   if (is_first()) embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
-  x = run_blocks(ctx, b, x, nullptr);
-  if (!is_last()) return x;
-  Tensor normed;
+  Residual out = run_blocks(ctx, b, std::move(x), nullptr);
+  if (!is_last()) return materialise(ctx.backend, std::move(out));
+  Tensor normed, sum;
   Norm::Cache stats;
-  final_ln_->forward(ctx, x, normed, stats);
+  final_ln_->forward_residual(ctx, std::move(out), sum, normed, stats);
   if (!loss_sum) throw std::invalid_argument("ModelChunk::eval_forward: the last chunk needs a loss accumulator");
   head_->forward(ctx, normed, b.targets, *loss_sum);
   return Tensor();
@@ -192,19 +193,22 @@ Tensor ModelChunk::decode(LayerContext& ctx, const Tensor& tokens, KvCache& cach
     throw std::invalid_argument("decode: " + std::to_string(n) + " new token(s) after " +
                                 std::to_string(cache.length) + " do not fit the cache of " +
                                 std::to_string(cache.capacity) + " positions");
-  Tensor x;
-  embedding_->forward(ctx, tokens, n, x, spec_.dtype, cache.length);
+  Tensor embedded;
+  embedding_->forward(ctx, tokens, n, embedded, spec_.dtype, cache.length);
+  Residual x{std::move(embedded), Tensor()};
   for (size_t i = 0; i < blocks_.size(); ++i) {
-    Tensor y;
+    Residual y;
     BlockCache scratch;
     const KvStep step{cache.blocks[i], cache.length};
-    blocks_[i]->forward(ctx, x, 1, n, y, scratch, Recompute::None, &step);
-    x = y;
+    blocks_[i]->forward(ctx, std::move(x), 1, n, y, scratch, Recompute::None, &step);
+    x = std::move(y);
   }
   cache.length += n;
-  Tensor normed;
+  Tensor normed, last;
   Norm::Cache stats;
-  final_ln_->forward(ctx, x.rows(n - 1, n), normed, stats);
+  Residual last_row = x.rows(n - 1, n);
+  x = Residual();  // the row views keep their storage; nothing else of the prefill is needed
+  final_ln_->forward_residual(ctx, std::move(last_row), last, normed, stats);
   return head_->logits(ctx, normed);
 }
 
@@ -212,10 +216,9 @@ Tensor ModelChunk::logits(LayerContext& ctx, const Microbatch& b) {
   require_whole_model(*this, ctx, "logits");
   Tensor x;
   embedding_->forward(ctx, b.tokens, b.T, x, spec_.dtype);
-  x = run_blocks(ctx, b, x, nullptr);
-  Tensor normed;
+  Tensor normed, sum;
   Norm::Cache stats;
-  final_ln_->forward(ctx, x, normed, stats);
+  final_ln_->forward_residual(ctx, run_blocks(ctx, b, std::move(x), nullptr), sum, normed, stats);
   return head_->logits(ctx, normed);
 }
 

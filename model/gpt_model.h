@@ -97,7 +97,8 @@ class ModelChunk {
     Norm::Cache final_stats;
     Tensor head_dx;     // gradient wrt the final layernorm's output, computed in forward
   };
-  Tensor run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache);
+  // The blocks over x; the last block's residual add is left pending for the final norm or the stage output.
+  Residual run_blocks(LayerContext& ctx, const Microbatch& b, Tensor x, Cache* cache);
 
   ModelSpec spec_;
   int64_t layer_begin_;

@@ -3,6 +3,17 @@
 
 namespace gpt {
 
+Residual Residual::rows(int64_t begin, int64_t end) const {
+  return {base.rows(begin, end), branch.defined() ? branch.rows(begin, end) : Tensor()};
+}
+
+Tensor materialise(Backend& backend, Residual x) {
+  if (!x.branch.defined()) return x.base;
+  Tensor sum = backend.empty(x.base.shape(), x.base.dtype());
+  backend.add(x.base, x.branch, sum);
+  return sum;
+}
+
 Norm::Norm(ParameterSet& params, const std::string& prefix, int64_t hidden, float eps, Normalization kind)
     : kind_(kind), eps_(eps) {
   weight_ = &params.add(prefix + ".weight", {hidden}, {}, false, true);
@@ -47,6 +58,15 @@ void Norm::forward_add(LayerContext& ctx, const Tensor& a, const Tensor& b, Tens
   }
   allocate(ctx, a, y, cache);
   ctx.backend.add_layernorm_forward(a, b, weight_->value, bias_->value, h, y, cache.mean, cache.rstd, eps_);
+}
+
+void Norm::forward_residual(LayerContext& ctx, Residual x, Tensor& sum, Tensor& y, Cache& cache) const {
+  if (!x.branch.defined()) {
+    sum = x.base;
+    forward(ctx, sum, y, cache);
+    return;
+  }
+  forward_add(ctx, x.base, x.branch, sum, y, cache);
 }
 
 void Norm::backward_add(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, const Tensor& dres,

@@ -10,6 +10,17 @@
 
 namespace gpt {
 
+// The residual stream between blocks with its last add possibly still pending: the value is base + branch,
+// or base alone when branch is undefined. A block hands on its h and its MLP output unsummed, and the next
+// norm adds them inside its own kernel (Norm::forward_residual), as llm.c fuses each layer's last residual
+// add with the next layer's first norm; materialise() sums them where no norm follows (a pipeline stage's
+// output). Passed by value and moved, so the branch is released as soon as it has been added.
+struct Residual {
+  Tensor base, branch;
+  Residual rows(int64_t begin, int64_t end) const;  // a row range of both parts
+};
+Tensor materialise(Backend& backend, Residual x);
+
 class Norm {
  public:
   // Per-row statistics kept for backward: mean (LayerNorm only) and 1/rms or 1/std, F32 [rows].
@@ -24,6 +35,9 @@ class Norm {
   void forward_add(LayerContext& ctx, const Tensor& a, const Tensor& b, Tensor& h, Tensor& y, Cache& cache) const;
   void backward_add(LayerContext& ctx, const Tensor& dy, const Tensor& x, const Cache& cache, const Tensor& dres,
                     Tensor& dx) const;
+  // forward of the residual stream's value, which lands in `sum` (x.base itself when nothing is pending).
+  // Its backward is backward or backward_add with x = sum: the pending add's gradient is the identity.
+  void forward_residual(LayerContext& ctx, Residual x, Tensor& sum, Tensor& y, Cache& cache) const;
 
  private:
   // y like x, and the statistics forward keeps (rstd; mean for LayerNorm).

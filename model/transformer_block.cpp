@@ -53,17 +53,17 @@ Recompute parse_recompute(const std::string& name) {
   throw std::invalid_argument("training.recompute: unknown mode '" + name + "' (expected none, selective or full)");
 }
 
-void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& c,
+void TransformerBlock::forward(LayerContext& ctx, Residual x, int64_t B, int64_t T, Residual& out, BlockCache& c,
                                Recompute recompute, const KvStep* kv) const {
   Backend& be = ctx.backend;
   const int64_t H = local_heads_, G = local_groups_, D = head_dim_;
-  c.input = x;
-  // Attention branch: h = x + proj(attention(rope(qkv(ln1(x)))))
-  ln1_.forward(ctx, x, c.ln1, c.ln1_stats);
+  // Attention branch: h = x + proj(attention(rope(qkv(ln1(x))))), x summed from the pending residual by ln1
+  ln1_.forward_residual(ctx, std::move(x), c.input, c.ln1, c.ln1_stats);
+  const DType dtype = c.input.dtype();
   c.ln1_full = enter_tp_region(ctx, c.ln1);
   qkv_.forward(ctx, c.ln1_full, c.qkv);
   if (rope_) rope_->forward(be, c.qkv, B, T, H, G, D, kv ? kv->past : 0);
-  c.att = be.empty({B * T, H * D}, x.dtype());
+  c.att = be.empty({B * T, H * D}, dtype);
   c.lse = be.empty({B, H, T});
   if (!kv) {
     be.attention_forward(c.qkv, B, T, H, G, D, c.att, c.lse);
@@ -78,18 +78,17 @@ void TransformerBlock::forward(LayerContext& ctx, const Tensor& x, int64_t B, in
   proj_.forward(ctx, c.att, proj_partial);
   Tensor attn_out = exit_tp_region(ctx, proj_partial);
   // MLP branch: out = h + fc2(act(fc1(ln2(h)))), h = x + attention (the add runs with ln2)
-  ln2_.forward_add(ctx, x, attn_out, c.h, c.ln2, c.ln2_stats);
+  ln2_.forward_add(ctx, c.input, attn_out, c.h, c.ln2, c.ln2_stats);
   c.ln2_full = enter_tp_region(ctx, c.ln2);
   activation_.forward_through(ctx, fc1_, c.ln2_full, c.fc1, c.act);
   Tensor fc2_partial;
   fc2_.forward(ctx, c.act, fc2_partial);
-  Tensor mlp_out = exit_tp_region(ctx, fc2_partial);
-  out = be.empty(x.shape(), x.dtype());
-  be.add(c.h, mlp_out, out);
+  out = Residual{c.h, exit_tp_region(ctx, fc2_partial)};  // the add waits for the next norm
   if (recompute == Recompute::Selective) c.act = Tensor();
   if (recompute == Recompute::Full) {
+    Tensor input = c.input;
     c = BlockCache();
-    c.input = x;
+    c.input = input;
   }
 }
 
@@ -98,9 +97,8 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   Backend& be = ctx.backend;
   const int64_t H = local_heads_, G = local_groups_, D = head_dim_;
   if (recompute == Recompute::Full) {
-    Tensor unused;
-    Tensor input = c.input;
-    forward(ctx, input, B, T, unused, c);
+    Residual unused;
+    forward(ctx, Residual{c.input, Tensor()}, B, T, unused, c);
   } else if (recompute == Recompute::Selective) {
     activation_.forward(be, c.fc1, c.act);
   }

@@ -2,6 +2,8 @@
 //   h   = x + proj(attention(rope(qkv(ln1(x)))))  qkv column-parallel (heads and query groups split over tp),
 //                                                 proj row-parallel; rope only with rotary positions
 //   out = h + fc2(act(fc1(ln2(h))))                fc1 column-parallel, fc2 row-parallel
+// Both residual adds run inside the norm that follows them: h's in ln2, and out's in the next block's ln1
+// (the block hands on out as a pending Residual, model/norm.h).
 // The architecture's choices are components picked once at construction from the ModelDescription: the
 // norm (LayerNorm | RMSNorm, model/norm.h), the rotary position encoding (model/rotary.h), the MLP
 // activation (GELU | SwiGLU, model/mlp_activation.h), the query groups (the width of qkv) and the biases.
@@ -28,7 +30,7 @@ struct BlockSpec {
 // Tensors marked "full" span all B*T rows; the others hold this rank's rows outside the tp region
 // (all rows, or one row block under sequence parallelism).
 struct BlockCache {
-  Tensor input;               // x
+  Tensor input;               // x (the previous block's pending residual, summed by ln1)
   Tensor ln1_full, ln2_full;  // layernorm outputs as the column-parallel linears saw them
   Tensor ln1, h, ln2;
   Tensor qkv, att, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice (qkv after rope)
@@ -56,10 +58,11 @@ struct KvStep {
 class TransformerBlock {
  public:
   TransformerBlock(ParameterSet& params, const std::string& prefix, const BlockSpec& spec);
-  // x [rows, C] -> out [rows, C]
+  // x [rows, C] -> out [rows, C], both residual streams whose last add may be pending: x's is done by
+  // ln1, out's is left to whoever reads out next.
   // With `kv`, B must be 1 and the T rows are positions kv->past.. of a sequence whose earlier positions
   // the cache holds.
-  void forward(LayerContext& ctx, const Tensor& x, int64_t B, int64_t T, Tensor& out, BlockCache& cache,
+  void forward(LayerContext& ctx, Residual x, int64_t B, int64_t T, Residual& out, BlockCache& cache,
                Recompute recompute = Recompute::None, const KvStep* kv = nullptr) const;
   // dout [rows, C] -> dx [rows, C]; accumulates parameter gradients; releases the cache's tensors.
   // Recomputes what `recompute` dropped, first.

@@ -49,7 +49,8 @@ struct TensorSizes {
   int64_t batch = 0;  // tokens + targets, int32 [N] each
   int64_t sp_X() const { return sp ? X : 0; }
   int64_t sp_Xf() const { return sp ? Xf : 0; }
-  // What a block's cache keeps after forward, besides its input (which is the previous block's output).
+  // What a block's cache keeps after forward, besides its input (the chunk's input for the first block, else
+  // the sum its ln1 made of the previous block's pending residual).
   int64_t block_saved(Recompute r) const {
     int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + lse + fc1 + act;
     if (r == Recompute::Selective) return all - act;  // the activation's output
@@ -78,26 +79,36 @@ TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   return s;
 }
 
-// TransformerBlock::forward: the cache it fills, its locals, and the output.
-void block_forward(Ledger& L, const TensorSizes& s, Recompute r) {
-  L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln1 statistics, ln1, ln1_full
+// What a block's pending residual (model/norm.h) holds besides what the cache keeps: the MLP output (the
+// fc2 partial sums themselves without sequence parallelism) and, under full recompute, h.
+int64_t pending_residual(const TensorSizes& s, Recompute r) {
+  return (s.sp ? s.X : s.Xf) + (r == Recompute::Full ? s.X : 0);
+}
+
+// TransformerBlock::forward: the cache it fills, its locals, and the pending residual it hands on. With
+// `pending`, the input is the previous block's pending residual, which ln1 sums and releases; otherwise
+// the input is a live tensor.
+void block_forward(Ledger& L, const TensorSizes& s, Recompute r, bool pending) {
+  if (pending) L.alloc(s.X);                           // the input, summed by ln1
+  L.alloc(s.stats), L.alloc(s.X);                      // ln1 statistics, ln1
+  if (pending) L.free(pending_residual(s, r));
+  L.alloc(s.sp_Xf());                                  // ln1_full
   L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.lse);
   L.alloc(s.Xf), L.alloc(s.sp_X());                    // proj partial sums, attention output
   L.alloc(s.X);                                        // h
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
   L.alloc(s.fc1), L.alloc(s.act);                      // fc1, act
   L.alloc(s.Xf), L.alloc(s.sp_X());                    // fc2 partial sums, MLP output
-  L.alloc(s.X);                                        // out
-  L.free(s.block_saved(Recompute::None) - s.block_saved(r));
-  L.free(2 * (s.Xf + s.sp_X()));                       // the locals
+  L.free(s.block_saved(Recompute::None) - s.block_saved(r) - (r == Recompute::Full ? s.X : 0));  // h stays pending
+  L.free(2 * (s.Xf + s.sp_X()) - (s.sp ? s.X : s.Xf));  // the locals but the MLP output
 }
 
 // TransformerBlock::backward with the block's cache and dout live; leaves dx allocated and the cache
 // (input included) released.
 void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   if (r == Recompute::Full) {
-    block_forward(L, s, Recompute::None);  // reruns forward into the cache; its output is dropped at once
-    L.free(s.X);
+    block_forward(L, s, Recompute::None, false);   // reruns forward into the cache;
+    L.free(pending_residual(s, Recompute::None));  // its output is dropped at once
   } else if (r == Recompute::Selective) {
     L.alloc(s.act);                        // the activation's output, recomputed
   }
@@ -128,9 +139,15 @@ void chunk_forward(Ledger& L, const TensorSizes& s, const ChunkShape& c, Recompu
     L.alloc(s.Xf);  // embedding lookup, all rows
     if (s.sp) L.alloc(s.X), L.free(s.Xf);
   }
-  for (int64_t i = 0; i < c.layers; ++i) block_forward(L, s, r);
-  if (!c.last) return;
+  for (int64_t i = 0; i < c.layers; ++i) block_forward(L, s, r, i > 0);
+  const bool pending = c.layers > 0;
+  if (pending) L.alloc(s.X);            // the last block's pending residual summed: output, or final_in
+  if (!c.last) {
+    if (pending) L.free(pending_residual(s, r));
+    return;
+  }
   L.alloc(s.stats), L.alloc(s.X);       // final layernorm statistics (kept) and output
+  if (pending) L.free(pending_residual(s, r));
   L.alloc(s.sp_Xf());                   // output gathered for the head
   L.alloc(s.logits), L.alloc(s.row), L.alloc(s.row), L.alloc(s.row);  // logits, max, sum, target logit
   L.free(s.row);                        // target logit

@@ -26,8 +26,8 @@
 //    the gradient square of each parameter tensor, F64: a few hundred bytes).
 // Attention is fused: no [B, H, T, T] tensor exists (the backends' per-thread attention scratch is not a
 // tensor and is not counted). Recomputation (model/transformer_block.h): selective drops the activation's
-// output (GELU or SwiGLU, recomputed from fc1's output), full keeps only each block's input and reruns the
-// block before its backward.
+// output (GELU or SwiGLU, recomputed from fc1's output), full keeps only each block's input (and its h until the
+// next norm has added it) and reruns the block before its backward.
 // The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp, model/norm.cpp,
 // model/mlp_activation.cpp, model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline_executor.cpp; a
 // change there needs the same change here (tests/memory_model_test.cpp compares the two on real runs, GPT

@@ -1,6 +1,6 @@
-// Helpers shared by the multi-rank communicator tests (comm_test, ring_reduce_test): host tensors, the
-// world's rank and size, and the `Comm` fixture, which checks for 8 ranks and gives each test a private
-// duplicate of MPI_COMM_WORLD.
+// Helpers shared by the multi-rank communicator tests (comm_test, ring_reduce_test): host tensors
+// (tests/host_tensor.h), the world's rank and size, and the `Comm` fixture, which checks for 8 ranks and
+// gives each test a private duplicate of MPI_COMM_WORLD.
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -8,16 +8,9 @@
 #include <memory>
 
 #include "parallel/mpi_communicator.h"
+#include "tests/host_tensor.h"
 
 namespace gpt {
-
-inline Tensor host_tensor(int64_t n, DType dtype = DType::F32) {
-  auto st = std::make_shared<Storage>();
-  st->bytes = n * dtype_size(dtype);
-  st->ptr = new char[st->bytes ? st->bytes : 1];
-  st->deleter = [](void* p, size_t) { delete[] static_cast<char*>(p); };
-  return Tensor(st, 0, {n}, dtype);
-}
 
 inline int world_rank() {
   int r = 0;

@@ -14,6 +14,7 @@
 #include "app/launch_env.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_grid.h"
+#include "tests/host_tensor.h"
 
 namespace gpt {
 namespace {
@@ -204,14 +205,6 @@ TEST(GridParallelState, SingleProcessNeedsNoMpi) {
 }
 
 // ---- batched exchange on a group of one ----
-
-Tensor host_tensor(int64_t n, DType dtype = DType::F32) {
-  auto st = std::make_shared<Storage>();
-  st->bytes = n * dtype_size(dtype);
-  st->ptr = new char[st->bytes ? st->bytes : 1];
-  st->deleter = [](void* p, size_t) { delete[] static_cast<char*>(p); };
-  return Tensor(st, 0, {n}, dtype);
-}
 
 TEST(GridSelfExchange, SelfGroupMatchesByTag) {
   SelfCommunicator self("pp");

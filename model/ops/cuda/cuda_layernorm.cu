@@ -7,9 +7,9 @@
 // Where the activations share one dtype T and gamma and beta one dtype W (T or fp32), kernels compiled for
 // (T, W) read whole 16-byte chunks when the width and addresses allow (cuda_half.cuh), else single
 // elements; other mixes take the generic kernels, which convert each element by its dtype.
-// The residual add before a block's second LayerNorm runs in the forward kernel (h = x + r is written,
-// rounded to its dtype, and normalised as read back), and the residual's gradient in the dx kernel
-// (dx = LN'(dy), rounded, + dres), saving a pass over the rows each. With r and dres of the activations'
+// The residual add before a LayerNorm (a block's second one, the next block's first, the final one) runs
+// in the forward kernel (h = x + r is written, rounded to its dtype, and normalised as read back), and the
+// residual's gradient in the dx kernel (dx = LN'(dy), rounded, + dres), saving a pass over the rows each. With r and dres of the activations'
 // dtype and every tensor 16-byte aligned (as the model's are) both pick the kernel the separate add then
 // LayerNorm (LayerNorm then accumulate) would, and give the same bits; a mix of dtypes or an unaligned view
 // can pick another chunk width, whose sums differ from the separate ops' in the last bits.
