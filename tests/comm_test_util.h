@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "parallel/mpi_communicator.h"
 #include "tests/host_tensor.h"
@@ -22,6 +23,13 @@ inline int world_size() {
   int n = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   return n;
+}
+
+// The world's ranks split into consecutive groups of `size`; the ranks left over get no group (nullptr).
+inline std::unique_ptr<MpiCommunicator> split_world(int size, const std::string& name) {
+  const int r = world_rank();
+  const int color = r < (world_size() / size) * size ? r / size : -1;
+  return MpiCommunicator::split(MPI_COMM_WORLD, color, r, name);
 }
 
 class Comm : public ::testing::Test {

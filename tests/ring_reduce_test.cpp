@@ -22,10 +22,8 @@ namespace {
 // values give exact sums to check each element; random values must come out identical on every rank of a
 // group and within rounding of the double-precision sum.
 TEST_F(Comm, RingAllReduceOfLargeTensors) {
-  const int r = world->rank();
   for (int group_size : {2, 3, 8}) {
-    const int color = r < (8 / group_size) * group_size ? r / group_size : -1;
-    auto group = MpiCommunicator::split(MPI_COMM_WORLD, color, r, "ring" + std::to_string(group_size));
+    auto group = split_world(group_size, "ring" + std::to_string(group_size));
     if (!group) continue;
     const int g = group->rank();
     const int64_t threshold = MpiCommunicator::kRingMinBytes / 4;
@@ -89,10 +87,8 @@ TEST_F(Comm, RingAllReduceOfLargeTensors) {
 // each owner's block is checked element by element against its exact sum, and a mix of reduce-scatters
 // and all-reduces in flight together is waited in reverse order.
 TEST_F(Comm, RingReduceScatterOfBlocksOfAnySize) {
-  const int r = world->rank();
   for (int group_size : {2, 3, 8}) {
-    const int color = r < (8 / group_size) * group_size ? r / group_size : -1;
-    auto group = MpiCommunicator::split(MPI_COMM_WORLD, color, r, "scatter" + std::to_string(group_size));
+    auto group = split_world(group_size, "scatter" + std::to_string(group_size));
     if (!group) continue;
     const int g = group->rank(), p = group_size;
     const int64_t piece = MpiCommunicator::kRingMinBytes / 4;
