@@ -86,8 +86,10 @@ class MpiCommunicator final : public Communicator {
   static constexpr int64_t kRingMinBytes = int64_t(1) << 20;
   // Tags at the top of MPI's range reserved for rings in flight: each ring takes a slot of 8 (one per
   // column in flight), and a slot is reused only once its previous ring is through, so the messages of two
-  // rings between the same neighbours never match each other's receives.
-  static constexpr int kRingTags = 1024;
+  // rings between the same neighbours never match each other's receives. 16 slots: at most 16 rings in
+  // flight per group, so their receive scratch (up to 8 one-MiB pieces each) stays within 128 MiB per
+  // group however many buckets a step posts; a 17th ring first completes the oldest.
+  static constexpr int kRingTags = 16 * 8;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
