@@ -106,6 +106,16 @@ TEST_F(FlatOpsTest, SegmentSumsOfSquaresEqualSumSquaresOfEachSegment) {
   EXPECT_THROW(be->sum_squares_segments(flat, segs, too_few), std::runtime_error);
   Tensor f32_sums = be->zeros({slots});
   EXPECT_THROW(be->sum_squares_segments(flat, segs, f32_sums), std::runtime_error);
+  // Two segments adding to one slot would race on CUDA: the table is rejected on every backend.
+  Tensor two = be->zeros({2}, DType::F64);
+  try {
+    be->sum_squares_segments(flat, {{0, 3, 0.f, 1}, {3, 5, 0.f, 0}, {5, 9, 0.f, 1}}, two);
+    ADD_FAILURE() << "a slot shared by two segments was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("segment 2 [5, 9) adds to slot 1, which an earlier segment adds to"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(FlatOpsTest, LossAccumulationIsTheRowMeanInDouble) {

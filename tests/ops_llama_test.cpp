@@ -247,6 +247,13 @@ TEST_F(OpsLlamaTest, LlamaOpsRejectBadArguments) {
   expect_error([&] { be->rmsnorm_forward(x, g, yn, rstd_bad, 1e-5f); }, "rmsnorm_forward", "rstd");
   expect_error([&] { be->rmsnorm_backward(yn, x, g, rstd, dx, dg16); }, "rmsnorm_backward", "dgamma must be fp32");
   expect_error([&] { be->rmsnorm_backward(yn, x, g, rstd, dx_bad, dg); }, "rmsnorm_backward", "dx is [3, 9]");
+  Tensor xn = be->empty({3, 10});  // the norms' backward reads x and dy again after writing dx
+  expect_error([&] { be->rmsnorm_backward(yn, xn, g, rstd, yn, dg); }, "rmsnorm_backward", "dx must not share");
+  expect_error([&] { be->rmsnorm_backward(yn, xn, g, rstd, xn, dg); }, "rmsnorm_backward", "dx must not share");
+  Tensor mean = be->empty({3}), db = be->zeros({10});
+  expect_error([&] { be->layernorm_backward(yn, xn, g, mean, rstd, yn, dg, db); }, "layernorm_backward",
+               "dx must not share");
+  EXPECT_THROW(be->layernorm_backward_add(yn, xn, g, mean, rstd, yn, xn, dg, db), std::runtime_error);
 }
 
 }  // namespace

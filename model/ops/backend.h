@@ -168,8 +168,10 @@ class Backend {
   // holds (model/ops/flat_segments.h). The single-tensor forms compute the same per-element math on one
   // segment and are kept as their reference.
   virtual double sum_squares(const Tensor& t) = 0;  // sum of x^2 in fp64, returned to the host
-  // sums[s.norm_slot] += sum of flat[i]^2 over the elements of each segment s that has a slot, in fp64,
-  // each segment summed exactly as sum_squares sums a tensor. flat F32; sums F64 [slots], on the device.
+  // sums[s.norm_slot] += sum of flat[i]^2 over the elements of each segment s that has a slot, in fp64;
+  // a slot belongs to one segment of the table at most. The CPU sums each segment exactly as sum_squares
+  // sums a tensor; CUDA sums fixed tiles in order, reproducible from run to run but not bit-equal to its
+  // sum_squares. flat F32; sums F64 [slots], on the device.
   virtual void sum_squares_segments(const Tensor& flat, const std::vector<ops::FlatSegment>& segments,
                                     Tensor& sums) = 0;
   // Decoupled AdamW on fp32 master weights: m,v updated, then

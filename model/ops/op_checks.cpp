@@ -108,6 +108,11 @@ void require_same_dtype(const OpChecks& c, const Tensor& t, const Tensor& like, 
             std::string(arg) + " " + describe(t) + " must have " + like_arg + "'s dtype " + dtype_name(like.dtype()));
 }
 
+// The norms' backward passes read x and dy again for the parameter gradients after dx is written.
+void require_dx_distinct(const OpChecks& c, const Tensor& dx, const Tensor& x, const Tensor& dy, const char* op) {
+  c.require(dx.raw() != x.raw() && dx.raw() != dy.raw(), op, "dx must not share its storage with x or dy");
+}
+
 }  // namespace
 
 RowDims check_rmsnorm(const OpChecks& c, const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,
@@ -131,6 +136,7 @@ RowDims check_rmsnorm_backward(const OpChecks& c, const Tensor& dy, const Tensor
   c.require_float(dx, op, "dx");
   require_same_dtype(c, dx, x, op, "dx", "x");
   c.require_numel(dx, d.rows * d.cols, op, "dx", "x's shape " + shape_str(x.shape()));
+  require_dx_distinct(c, dx, x, dy, op);
   c.require_dtype(dgamma, DType::F32, op, "dgamma");
   c.require_numel(dgamma, d.cols, op, "dgamma", "gamma's shape");
   return d;
@@ -185,6 +191,7 @@ void check_layernorm_backward(const OpChecks& c, const Tensor& dy, const Tensor&
   c.require_float(dbeta, op, "dbeta");
   c.require_numel(dy, N * C, op, "dy", "x's shape " + shape_str(x.shape()));
   c.require_numel(dx, N * C, op, "dx", "x's shape " + shape_str(x.shape()));
+  require_dx_distinct(c, dx, x, dy, op);
   c.require_dtype(mean, DType::F32, op, "mean");
   c.require_dtype(rstd, DType::F32, op, "rstd");
   c.require_numel(mean, N, op, "mean", "one value per row");
@@ -267,6 +274,7 @@ AdamWBiasCorrections check_adamw_flat(const OpChecks& c, const Tensor& master, c
 void check_flat_segments(const OpChecks& c, const std::vector<FlatSegment>& segments, int64_t numel, int64_t slots,
                          const char* op) {
   int64_t previous_end = 0;
+  std::vector<char> slot_taken(slots > 0 ? static_cast<size_t>(slots) : 0, 0);
   for (size_t k = 0; k < segments.size(); ++k) {
     const FlatSegment& s = segments[k];
     const std::string which = "segment " + std::to_string(k) + " [" + std::to_string(s.begin) + ", " +
@@ -276,6 +284,12 @@ void check_flat_segments(const OpChecks& c, const std::vector<FlatSegment>& segm
     if (slots >= 0)
       c.require(s.norm_slot < slots, op, which + " adds to slot " + std::to_string(s.norm_slot) + " of " +
                                              std::to_string(slots));
+    // One segment per slot: the CUDA backend adds each segment's sum into its slot concurrently.
+    if (slots >= 0 && s.norm_slot >= 0) {
+      c.require(!slot_taken[static_cast<size_t>(s.norm_slot)], op,
+                which + " adds to slot " + std::to_string(s.norm_slot) + ", which an earlier segment adds to");
+      slot_taken[static_cast<size_t>(s.norm_slot)] = 1;
+    }
     previous_end = s.end;
   }
 }

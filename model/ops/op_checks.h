@@ -78,7 +78,8 @@ struct RowDims {
 // F32 [N].
 RowDims check_rmsnorm(const OpChecks& c, const Tensor& x, const Tensor& gamma, const Tensor& y, const Tensor& rstd,
                       const char* op);
-// rmsnorm_backward: x and gamma as above, dy and dx of x's dtype and shape, rstd F32 [N], dgamma F32 [C].
+// rmsnorm_backward: x and gamma as above, dy and dx of x's dtype and shape, rstd F32 [N], dgamma F32 [C];
+// dx shares no storage with x or dy.
 RowDims check_rmsnorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const char* op);
 // swiglu: x [N, 2F] and y [N, F] (`y_arg`: "y" forward, "dy" backward) of one float dtype; returns {N, F}.
@@ -101,7 +102,7 @@ RopeDims check_rope(const OpChecks& c, const Tensor& qkv, int64_t B, int64_t T, 
 int64_t check_layernorm_rows(const OpChecks& c, const Tensor& x, int64_t C, const char* op);
 // The residual add fused before a norm: x, r and h float with x's element count, h of x's dtype.
 void check_add_norm(const OpChecks& c, const Tensor& x, const Tensor& r, const Tensor& h, const char* op);
-// layernorm_backward's other arguments, for N rows of width C.
+// layernorm_backward's other arguments, for N rows of width C; dx shares no storage with x or dy.
 void check_layernorm_backward(const OpChecks& c, const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                               int64_t N, int64_t C, const char* op);
@@ -143,7 +144,7 @@ AdamWBiasCorrections check_adamw_flat(const OpChecks& c, const Tensor& master, c
                                       const Tensor& v, const Tensor* value,
                                       const std::vector<FlatSegment>& segments, const AdamWHyper& h, const char* op);
 // A segment table over `numel` elements: ascending, non-overlapping, inside [0, numel), every norm slot
-// below `slots` (pass slots < 0 when the op ignores them).
+// below `slots` and used by one segment at most (pass slots < 0 when the op ignores them).
 void check_flat_segments(const OpChecks& c, const std::vector<FlatSegment>& segments, int64_t numel, int64_t slots,
                          const char* op);
 // ce_loss_accumulate: three F32 row vectors of one length N (returned) and an F64 [1] accumulator.

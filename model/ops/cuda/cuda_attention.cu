@@ -29,7 +29,7 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // softmax kernels: one warp per score row
+constexpr int kRowsPerBlock = kWarpRowsPerBlock;  // one warp per row (cuda_check.h)
 
 // In place on s [rows = H*Tq, T] holding one sequence's scaled scores for its last Tq positions: row r
 // (query position q = q0 + r % Tq) becomes softmax(s[0..q]) followed by zeros; lse[r] gets the row's
@@ -129,7 +129,6 @@ __global__ void store_group_grads_kernel(const float* acc, X* dqkv, int64_t T, i
   }
 }
 
-unsigned row_blocks(int64_t rows) { return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 // Byte address of element `e` of a tensor's storage.
 const char* at(const Tensor& t, int64_t e) { return static_cast<const char*>(t.raw()) + e * dtype_size(t.dtype()); }
@@ -146,6 +145,7 @@ void CudaBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T
   require_product_output(out, X, op, "out");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * Tq, q0 = s.q0(), r = s.group_size();
+  const unsigned row_grid = warp_row_blocks(rows, op);
   // One sequence's heads as strided batches over the groups: query head g*r + j's matrix starts
   // (g*r + j) * D elements after the sequence's first row, group g's K and V g * D after theirs, with the
   // packed tensor's leading dimension.
@@ -170,7 +170,7 @@ void CudaBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T
       gemm(g, op);
     }
 
-    causal_softmax_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
+    causal_softmax_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         scores.f32(), p16.defined() ? p16.raw() : nullptr, X, lse.f32() + b * rows, rows, Tq, T, q0);
     check_launch(op);
 
@@ -200,6 +200,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   require_product_output(dqkv, X, op, "dqkv");
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ld = s.qkv_ld(), ldo = s.out_ld(), rows = H * T, TT = T * T, r = s.group_size();
+  const unsigned row_grid = warp_row_blocks(rows, op), all_rows_grid = warp_row_blocks(B * rows, op);
   const auto heads = [&] {  // as in forward
     GemmArgs g;
     g.batch = G;
@@ -207,8 +208,8 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   };
 
   Tensor dv_rows = empty({B, H, T});  // Dv = rowsum(dO * O)
-  row_dot_kernel<<<row_blocks(B * rows), 32 * kRowsPerBlock, 0, stream_>>>(out.raw(), out.dtype(), dout.raw(),
-                                                                            dout.dtype(), dv_rows.f32(), B, T, H, D);
+  row_dot_kernel<<<all_rows_grid, 32 * kRowsPerBlock, 0, stream_>>>(out.raw(), out.dtype(), dout.raw(),
+                                                                    dout.dtype(), dv_rows.f32(), B, T, H, D);
   check_launch(op);
   const Tensor dO = as_dtype(dout, X);  // the products read dO in the activation dtype
   Tensor p = empty({H, T, T}), dP = empty({H, T, T});
@@ -226,7 +227,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
       g.ab = X, g.alpha = scale;
       gemm(g, op);
     }
-    probabilities_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
+    probabilities_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         p.f32(), X == DType::F32 ? nullptr : p16.raw(), X, lse.f32() + b * rows, rows, T);
     check_launch(op);
 
@@ -258,7 +259,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
     }
 
     Tensor dS = X == DType::F32 ? dP : p16;
-    softmax_backward_kernel<<<row_blocks(rows), 32 * kRowsPerBlock, 0, stream_>>>(
+    softmax_backward_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         p.f32(), dP.f32(), dS.raw(), X, dv_rows.f32() + b * rows, rows, T, scale);
     check_launch(op);
 

@@ -90,4 +90,14 @@ inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 
   return static_cast<unsigned>(blocks);
 }
 
+// The row kernels (LayerNorm, RMSNorm, the softmax passes of attention) give each row one warp and each
+// block kWarpRowsPerBlock rows. warp_row_blocks is their grid size for `rows` rows, checked against CUDA's
+// grid limit in 64-bit arithmetic before it is narrowed, and called before anything is launched.
+inline constexpr int kWarpRowsPerBlock = 8;
+inline unsigned warp_row_blocks(int64_t rows, const char* op) {
+  const int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+  require(blocks <= 0x7fffffffLL, op, "too many rows (" + std::to_string(rows) + ") for one kernel grid");
+  return static_cast<unsigned>(blocks);
+}
+
 }  // namespace gpt::cuda

@@ -25,7 +25,7 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // one warp per row
+constexpr int kRowsPerBlock = kWarpRowsPerBlock;  // one warp per row (cuda_check.h)
 
 struct LnTensors {
   const void* x;
@@ -216,8 +216,6 @@ __global__ void layernorm_param_partials_kernel(const void* x, DType xd, const v
   }
 }
 
-unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
-
 }  // namespace
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
@@ -247,7 +245,7 @@ void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor* r, Tenso
   require_numel(mean, N, op, "mean", "one value per row");
   require_numel(rstd, N, op, "rstd", "one value per row");
   if (N == 0) return;
-  require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
+  const unsigned row_grid = warp_row_blocks(N, op);
   const DType t = x.dtype();
   const bool typed = y.dtype() == t && (!r || r->dtype() == t) && beta.dtype() == gamma.dtype() &&
                      (gamma.dtype() == t || gamma.dtype() == DType::F32);
@@ -257,14 +255,14 @@ void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor* r, Tenso
                       using T = decltype(tt);
                       using W = decltype(ww);
                       layernorm_forward_typed_kernel<T, W, decltype(v)::value>
-                          <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+                          <<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
                               static_cast<const T*>(x.raw()), r ? static_cast<const T*>(r->raw()) : nullptr,
                               h ? static_cast<T*>(h->raw()) : nullptr, static_cast<const W*>(gamma.raw()),
                               static_cast<const W*>(beta.raw()), static_cast<T*>(y.raw()), mean.f32(), rstd.f32(), N,
                               C, eps);
                     });
   } else {
-    layernorm_forward_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+    layernorm_forward_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         {x.raw(), x.dtype(), gamma.raw(), gamma.dtype()}, r ? r->raw() : nullptr, r ? r->dtype() : x.dtype(),
         h ? h->raw() : nullptr, beta.raw(), beta.dtype(), y.raw(), y.dtype(), mean.f32(), rstd.f32(), N, C, eps);
   }
@@ -293,6 +291,9 @@ void CudaBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, con
   const int64_t N = ops::check_layernorm_rows(kChecks, x, C, op);
   ops::check_layernorm_backward(kChecks, dy, x, mean, rstd, dx, dgamma, dbeta, N, C, op);
   if (N == 0) return;
+  const unsigned row_grid = warp_row_blocks(N, op);
+  const int64_t chunks = column_sum_chunks(N);
+  require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");
   const DType t = x.dtype();
   const bool typed = dy.dtype() == t && dx.dtype() == t && (!dres || dres->dtype() == t) &&
                      (gamma.dtype() == t || gamma.dtype() == DType::F32);
@@ -302,20 +303,18 @@ void CudaBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, con
                       using T = decltype(tt);
                       using W = decltype(ww);
                       layernorm_dx_typed_kernel<T, W, decltype(v)::value>
-                          <<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+                          <<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
                               static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()),
                               static_cast<const T*>(dy.raw()), mean.f32(), rstd.f32(),
                               dres ? static_cast<const T*>(dres->raw()) : nullptr, static_cast<T*>(dx.raw()), N, C);
                     });
   } else {
     const LnTensors in{x.raw(), x.dtype(), gamma.raw(), gamma.dtype()};
-    layernorm_dx_kernel<<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+    layernorm_dx_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         in, dy.raw(), dy.dtype(), mean.f32(), rstd.f32(), dres ? dres->raw() : nullptr,
         dres ? dres->dtype() : dx.dtype(), dx.raw(), dx.dtype(), N, C);
   }
   check_launch(op);
-  const int64_t chunks = column_sum_chunks(N);
-  require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");
   Tensor partials = empty({2, chunks, C});
   float* pg = partials.f32();
   float* pb = pg + chunks * C;

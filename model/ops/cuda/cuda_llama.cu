@@ -23,7 +23,7 @@ using namespace cuda;
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // RMSNorm: one warp per row
+constexpr int kRowsPerBlock = kWarpRowsPerBlock;  // one warp per row (cuda_check.h)
 constexpr int kThreads = 256;
 
 // ---- RMSNorm ----
@@ -107,8 +107,6 @@ __global__ void rmsnorm_gamma_partials_kernel(const T* x, const T* dy, const flo
   }
 }
 
-unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
-
 // ---- SwiGLU ----
 
 // y[n, f] = silu(x[n, f]) * x[n, F + f] over N*F elements in chunks of V; x [N, 2F], y [N, F].
@@ -182,11 +180,11 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, Tensor& 
   const ops::RowDims dims = ops::check_rmsnorm(kChecks, x, gamma, y, rstd, op);
   const int64_t N = dims.rows, C = dims.cols;
   if (N == 0) return;
-  require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
+  const unsigned row_grid = warp_row_blocks(N, op);
   with_row_kernel(x, gamma, C, {x.raw(), y.raw()}, {gamma.raw()}, [&](auto t, auto w, auto v) {
     using T = decltype(t);
     using W = decltype(w);
-    rmsnorm_forward_kernel<T, W, decltype(v)::value><<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+    rmsnorm_forward_kernel<T, W, decltype(v)::value><<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         static_cast<const T*>(x.raw()), static_cast<const W*>(gamma.raw()), static_cast<T*>(y.raw()), rstd.f32(), N, C,
         eps);
   });
@@ -199,7 +197,7 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
   const ops::RowDims dims = ops::check_rmsnorm_backward(kChecks, dy, x, gamma, rstd, dx, dgamma, op);
   const int64_t N = dims.rows, C = dims.cols;
   if (N == 0) return;
-  require(row_blocks(N) <= 0x7fffffffu, op, "too many rows");
+  const unsigned row_grid = warp_row_blocks(N, op);
   const int64_t chunks = column_sum_chunks(N);
   require(chunks <= 65535, op, "too many rows (" + std::to_string(N) + ")");
   Tensor partials = empty({chunks, C});
@@ -207,7 +205,7 @@ void CudaBackend::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tens
     using T = decltype(t);
     using W = decltype(w);
     const T *dyp = static_cast<const T*>(dy.raw()), *xp = static_cast<const T*>(x.raw());
-    rmsnorm_dx_kernel<T, W, decltype(v)::value><<<row_blocks(N), 32 * kRowsPerBlock, 0, stream_>>>(
+    rmsnorm_dx_kernel<T, W, decltype(v)::value><<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
         dyp, xp, static_cast<const W*>(gamma.raw()), rstd.f32(), static_cast<T*>(dx.raw()), N, C);
     check_launch(op);
     const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
