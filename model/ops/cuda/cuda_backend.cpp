@@ -121,7 +121,9 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   check_cuda(cudaSetDevice(device_), "CudaBackend", "cudaSetDevice");
   DeviceContext& ctx = device_context(device_);
   stream_ = ctx.stream;
-  sync_check_stream() = stream_;
+  sync_check_wait() = [stream = stream_, checks = wait_checks_] {
+    return poll_until_idle(stream, [&checks] { checks->run(); });
+  };
   OpProfile::start(stream_);
   cublas_ = ctx.cublas;
   lt_ = ctx.lt.get();
@@ -138,8 +140,8 @@ CudaBackend::~CudaBackend() {
   // Queued work may still reference tensors the caller is about to drop; the shared context lives on.
   cudaStreamSynchronize(stream_);
   if (OpProfile* p = OpProfile::active()) {
-    p->collect();
-    std::fputs(p->table().c_str(), stderr);
+    p->collect(true);
+    if (p->has_unreported()) std::fputs(p->report().c_str(), stderr);
   }
 }
 
@@ -232,7 +234,7 @@ void CudaBackend::wait_for_stream(const char* op) {
 
 void CudaBackend::raise_device_errors() {
   wait_for_stream("synchronize");  // first: the copy below, into pageable memory, would block without polling
-  if (OpProfile* p = OpProfile::active()) p->collect();
+  if (OpProfile* p = OpProfile::active()) p->collect(true);
   DeviceErrorReport r{};
   check_cuda(cudaMemcpyAsync(&r, error_device_, sizeof r, cudaMemcpyDeviceToHost, stream_), "synchronize",
              "cudaMemcpyAsync (error report)");

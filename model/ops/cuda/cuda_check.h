@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -43,11 +44,13 @@ inline bool sync_checks() {
   return on;
 }
 
-// The compute stream the sync checks wait for (set by the CUDA backend): only it, so that a rank never
-// waits for its own communication streams, whose peers may be waiting for this rank's next call.
-inline cudaStream_t& sync_check_stream() {
-  static cudaStream_t stream = nullptr;
-  return stream;
+// How the sync checks wait (set by the CUDA backend): for the compute stream only, so that a rank never
+// waits for its own communication streams, whose peers may be waiting for this rank's next call; and by
+// polling, running the communicators' error checks meanwhile, so that a compute stream held up by a failed
+// NCCL peer raises that failure instead of waiting for it forever.
+inline std::function<cudaError_t()>& sync_check_wait() {
+  static std::function<cudaError_t()> wait;
+  return wait;
 }
 
 // After `op` enqueued work of `kind` (a kernel, a cuBLAS or cuBLASLt product, cuDNN's attention): under
@@ -55,7 +58,10 @@ inline cudaStream_t& sync_check_stream() {
 // the compute stream and raises what that work did.
 inline void sync_check(const char* op, const char* what, const char* kind = "kernel") {
   if (OpProfile* p = OpProfile::active()) p->mark(std::string(op) + " (" + kind + ")");
-  if (sync_checks()) check_cuda(cudaStreamSynchronize(sync_check_stream()), op, what);
+  if (sync_checks()) {
+    const std::function<cudaError_t()>& wait = sync_check_wait();
+    check_cuda(wait ? wait() : cudaDeviceSynchronize(), op, what);
+  }
 }
 
 // Checks for an error from the kernel launch just made (bad configuration, missing kernel image), and

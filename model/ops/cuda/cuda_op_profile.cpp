@@ -15,6 +15,10 @@ OpProfile*& instance() {
   return profile;
 }
 
+// The row for an interval that began before the host waited for the stream: host time between steps
+// plus the first op after it.
+constexpr const char* kIdleRow = "(host wait, then the next op)";
+
 bool wanted() {
   const char* v = std::getenv("GPT_CUDA_PROFILE");
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
@@ -47,10 +51,11 @@ void OpProfile::mark(const std::string& op) {
     failed_ = true;  // the profile stops; the run goes on
     return;
   }
-  open_.emplace_back(e, op);
+  open_.emplace_back(e, after_idle_ ? std::string(kIdleRow) : op);
+  after_idle_ = false;
 }
 
-void OpProfile::collect() {
+void OpProfile::collect(bool stream_idle) {
   size_t done = 0;
   for (; done < open_.size(); ++done) {
     auto& [e, op] = open_[done];
@@ -61,12 +66,14 @@ void OpProfile::collect() {
         auto& [total, calls] = totals_[op];
         total += ms;
         ++calls;
+        ++collected_;
       }
       free_.push_back(last_);
     }
     last_ = e;
   }
   open_.erase(open_.begin(), open_.begin() + static_cast<std::ptrdiff_t>(done));
+  if (stream_idle && open_.empty() && last_ != nullptr) after_idle_ = true;
 }
 
 std::string OpProfile::table() const {
@@ -74,7 +81,7 @@ std::string OpProfile::table() const {
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   double all = 0;
   for (const auto& r : rows) all += r.second.first;
-  std::string out = "GPU time by op (GPT_CUDA_PROFILE; gaps charged to the op after them):\n";
+  std::string out = "GPU time by op (GPT_CUDA_PROFILE; gaps within a step charged to the op after them):\n";
   char line[160];
   std::snprintf(line, sizeof line, "%-36s %12s %10s %7s\n", "op", "ms", "calls", "share");
   out += line;

@@ -1,11 +1,13 @@
 // GPT_CUDA_PROFILE=1: where a run's GPU time goes, op by op. After each op enqueues work on the compute
 // stream (a kernel launch, a cuBLAS/cuBLASLt product, cuDNN's attention), a CUDA event is recorded there;
 // the time between two consecutive events is charged to the later op. When the host has waited for the
-// stream (once per step) the finished events are read and recycled. At the end the backend logs a table of
-// the ops by total time, with calls and shares. The compute stream runs its work in order, so the shares
-// add up to the stream's busy time plus its idle gaps; a gap (the host late in enqueuing, or the stream
-// waiting for a communication stream) is charged to the op after it. Off by default: it costs an event
-// record per op.
+// stream (once per step) the finished events are read and recycled. When a backend is destroyed it logs a
+// table of the ops by total time, with calls and shares (once for what it adds: a later backend's table
+// repeats nothing unless it ran more). The compute stream runs its work in order, so the shares add up to
+// the stream's busy time plus its idle gaps. A gap within a step (the host late in enqueuing, or the stream
+// waiting for a communication stream) is charged to the op after it; the interval that ends the stream's
+// idle time after a host wait (between steps: logging, data, checkpoints) holds host time, not the op's,
+// and has a row of its own. Off by default: it costs an event record per op.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -24,8 +26,15 @@ class OpProfile {
   static void start(cudaStream_t stream);
 
   void mark(const std::string& op);  // an event after `op`'s work on the stream
-  void collect();             // reads the events that have completed (after the host waited for the stream)
+  // Reads the events that have completed; `stream_idle`: the host has just waited for the stream, so the
+  // next mark's interval starts with host time.
+  void collect(bool stream_idle);
   std::string table() const;  // the ops by total time
+  bool has_unreported() const { return collected_ > reported_; }
+  std::string report() {  // the table, remembering that it was shown
+    reported_ = collected_;
+    return table();
+  }
 
  private:
   explicit OpProfile(cudaStream_t stream) : stream_(stream) {}
@@ -37,6 +46,8 @@ class OpProfile {
   std::vector<cudaEvent_t> free_;
   std::map<std::string, std::pair<double, long long>> totals_;  // op -> (ms, calls)
   bool failed_ = false;
+  bool after_idle_ = false;  // the next mark ends an interval that began before a host wait
+  long long collected_ = 0, reported_ = 0;  // intervals read in all, and when the table was last shown
 };
 
 }  // namespace gpt::cuda
