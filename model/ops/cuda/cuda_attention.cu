@@ -129,7 +129,6 @@ __global__ void store_group_grads_kernel(const float* acc, X* dqkv, int64_t T, i
   }
 }
 
-
 // Byte address of element `e` of a tensor's storage.
 const char* at(const Tensor& t, int64_t e) { return static_cast<const char*>(t.raw()) + e * dtype_size(t.dtype()); }
 char* at(Tensor& t, int64_t e) { return static_cast<char*>(t.raw()) + e * dtype_size(t.dtype()); }

@@ -122,7 +122,7 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   DeviceContext& ctx = device_context(device_);
   stream_ = ctx.stream;
   sync_check_wait() = [stream = stream_, checks = wait_checks_] {
-    return poll_until_idle(stream, [&checks] { checks->run(); });
+    return checks->empty() ? cudaStreamSynchronize(stream) : poll_until_idle(stream, [&checks] { checks->run(); });
   };
   OpProfile::start(stream_);
   cublas_ = ctx.cublas;

@@ -15,9 +15,9 @@ OpProfile*& instance() {
   return profile;
 }
 
-// The row for an interval that began before the host waited for the stream: host time between steps
-// plus the first op after it.
-constexpr const char* kIdleRow = "(host wait, then the next op)";
+// Prefix of the row for an interval that began before the host waited for the stream: the host's own
+// work after the wait (the gradient norm's all-reduce, logging, the next step's data) plus the op's.
+const std::string kAfterWait = "(after a host wait) ";
 
 bool wanted() {
   const char* v = std::getenv("GPT_CUDA_PROFILE");
@@ -51,7 +51,7 @@ void OpProfile::mark(const std::string& op) {
     failed_ = true;  // the profile stops; the run goes on
     return;
   }
-  open_.emplace_back(e, after_idle_ ? std::string(kIdleRow) : op);
+  open_.emplace_back(e, after_idle_ ? kAfterWait + op : op);
   after_idle_ = false;
 }
 

@@ -4,10 +4,11 @@
 // stream (once per step) the finished events are read and recycled. When a backend is destroyed it logs a
 // table of the ops by total time, with calls and shares (once for what it adds: a later backend's table
 // repeats nothing unless it ran more). The compute stream runs its work in order, so the shares add up to
-// the stream's busy time plus its idle gaps. A gap within a step (the host late in enqueuing, or the stream
-// waiting for a communication stream) is charged to the op after it; the interval that ends the stream's
-// idle time after a host wait (between steps: logging, data, checkpoints) holds host time, not the op's,
-// and has a row of its own. Off by default: it costs an event record per op.
+// the stream's busy time plus its idle gaps. A gap while the host keeps the stream fed (the host late in
+// enqueuing, or the stream waiting for a communication stream) is charged to the op after it; the first
+// op after the host has waited for the stream (a download: once per step, before the gradient norm's
+// all-reduce and the optimizer) gets a row of its own, "(after a host wait) <op>", since its interval
+// holds the host's work too. Off by default: it costs an event record per op.
 #pragma once
 #include <cuda_runtime_api.h>
 
