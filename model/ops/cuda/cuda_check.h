@@ -49,13 +49,14 @@ inline bool sync_checks() {
 // polling, running the communicators' error checks meanwhile, so that a compute stream held up by a failed
 // NCCL peer raises that failure instead of waiting for it forever.
 inline std::function<cudaError_t()>& sync_check_wait() {
-  static std::function<cudaError_t()> wait;
-  return wait;
+  static auto* wait = new std::function<cudaError_t()>();  // never destroyed, like the device context
+  return *wait;
 }
 
-// After `op` enqueued work of `kind` (a kernel, a cuBLAS or cuBLASLt product, cuDNN's attention): under
-// GPT_CUDA_PROFILE marks it for the per-op profile (cuda_op_profile.h); under GPT_CUDA_SYNC_CHECKS waits for
-// the compute stream and raises what that work did.
+// After `op` enqueued work of `kind` (a kernel, a cuBLAS or cuBLASLt product, cuDNN's attention, a memset,
+// a copy, CUB's sort; downloads wait for the stream anyway): under GPT_CUDA_PROFILE marks it for the
+// per-op profile (cuda_op_profile.h); under GPT_CUDA_SYNC_CHECKS waits for the compute stream and raises
+// what that work did.
 inline void sync_check(const char* op, const char* what, const char* kind = "kernel") {
   if (OpProfile* p = OpProfile::active()) p->mark(std::string(op) + " (" + kind + ")");
   if (sync_checks()) {

@@ -128,6 +128,7 @@ void CudaBackend::embedding_backward(const Tensor& ids, const Tensor& dout, int6
   check_cuda(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, ids.i32(), sorted.i32(), positions.i32(),
                                              order.i32(), n, 0, 32, stream_),
              op, "cub::DeviceRadixSort::SortPairs");
+  sync_check(op, "cub::DeviceRadixSort::SortPairs (waited for under GPT_CUDA_SYNC_CHECKS)", "CUB sort");
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(N, 1 << 20));
   embedding_backward_sorted_kernel<<<blocks, kThreads, 0, stream_>>>(sorted.i32(), order.i32(), dout.raw(),
                                                                      dout.dtype(), N, rows, vocab_start, acc.f32(), C,

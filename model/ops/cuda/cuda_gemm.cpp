@@ -52,8 +52,10 @@ void CudaBackend::gemm(const GemmArgs& g, const char* op) {
   if (g.k == 0) {
     // An empty sum: C = beta * C; only the two cases the backend uses are needed.
     require(g.beta == 1.f || (g.beta == 0.f && g.batch == 1 && g.ldc == g.n), op, "empty product with general beta");
-    if (g.beta == 0.f)
+    if (g.beta == 0.f) {
       check_cuda(cudaMemsetAsync(g.c, 0, g.m * g.n * dtype_size(g.c_dtype), stream_), op, "cudaMemsetAsync");
+      sync_check(op, "cudaMemsetAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memset");
+    }
     return;
   }
   const cublasComputeType_t compute =

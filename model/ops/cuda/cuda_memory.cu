@@ -38,9 +38,11 @@ namespace cuda {
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   if (src_dtype == dst_dtype) {
-    if (src != dst)
+    if (src != dst) {
       check_cuda(cudaMemcpyAsync(dst, src, n * dtype_size(src_dtype), cudaMemcpyDeviceToDevice, stream), "copy",
                  "cudaMemcpyAsync");
+      sync_check("copy", "cudaMemcpyAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memcpy");
+    }
     return;
   }
   cast_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(src, src_dtype, dst, dst_dtype, n);
@@ -62,6 +64,7 @@ void CudaBackend::fill(Tensor& t, float value) {
   if (n == 0) return;
   if (value == 0.f && !std::signbit(value)) {  // all-zero bits are +0 in every dtype
     check_cuda(cudaMemsetAsync(t.raw(), 0, t.bytes(), stream_), "fill", "cudaMemsetAsync");
+    sync_check("fill", "cudaMemsetAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memset");
     return;
   }
   const unsigned grid = grid_for(n, kThreads);
@@ -112,11 +115,13 @@ void CudaBackend::upload(const float* host, Tensor& dst) {
   if (dst.dtype() == DType::F32) {
     check_cuda(cudaMemcpyAsync(dst.raw(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload",
                "cudaMemcpyAsync");
+    sync_check("upload", "cudaMemcpyAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memcpy");
     return;
   }
   Tensor staged = empty(dst.shape(), DType::F32);
   check_cuda(cudaMemcpyAsync(staged.raw(), host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "upload",
              "cudaMemcpyAsync");
+  sync_check("upload", "cudaMemcpyAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memcpy");
   cast(staged.raw(), DType::F32, dst.raw(), dst.dtype(), n, stream_);
 }
 
@@ -137,6 +142,7 @@ void CudaBackend::upload_i32(const int32_t* host, Tensor& dst) {
   if (dst.numel() == 0) return;
   check_cuda(cudaMemcpyAsync(dst.raw(), host, dst.bytes(), cudaMemcpyHostToDevice, stream_), "upload_i32",
              "cudaMemcpyAsync");
+  sync_check("upload_i32", "cudaMemcpyAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memcpy");
 }
 
 void CudaBackend::download_i32(const Tensor& src, int32_t* host) {
