@@ -113,7 +113,7 @@ void require_same_dtype(const OpChecks& c, const Tensor& t, const Tensor& like, 
 // Whether two tensors' bytes overlap (an empty tensor overlaps nothing).
 bool overlaps(const Tensor& a, const Tensor& b) {
   const auto begin = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()); };
-  const auto end = [&](const Tensor& t) { return begin(t) + static_cast<uintptr_t>(t.numel()) * dtype_size(t.dtype()); };
+  const auto end = [&](const Tensor& t) { return begin(t) + static_cast<uintptr_t>(t.bytes()); };
   if (a.numel() == 0 || b.numel() == 0) return false;
   return begin(a) < end(b) && begin(b) < end(a);
 }
