@@ -18,8 +18,9 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t 
 void add_partial_sums(const float* partials, int64_t chunks, int64_t cols, void* dst, DType dst_dtype,
                       cudaStream_t stream);
 
-// Rows per chunk and number of chunks the column-sum kernels cut `rows` into.
-int64_t column_sum_chunks(int64_t rows);
+// Rows per chunk and number of chunks the column-sum kernels cut `rows` into; the chunks are a grid
+// dimension, so more than 65535 of them raise "CudaBackend::<op>: too many rows". Call it before launching.
+int64_t column_sum_chunks(int64_t rows, const char* op);
 constexpr int64_t kColumnSumRowsPerChunk = 64;
 
 // partials[k * cols + c] = sum of x[r, c] over the rows r of chunk k, x a [rows, cols] matrix of any float

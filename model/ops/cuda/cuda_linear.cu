@@ -159,7 +159,7 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   }
 
   if (db && !db_done && d.rows > 0 && d.out > 0) {
-    const int64_t chunks = column_sum_chunks(d.rows);
+    const int64_t chunks = column_sum_chunks(d.rows, op);
     Tensor partials = empty({chunks, d.out});
     column_partial_sums(dy.raw(), dy.dtype(), d.rows, d.out, partials.f32(), stream_);
     add_partial_sums(partials.f32(), chunks, d.out, db->raw(), db->dtype(), stream_);

@@ -66,7 +66,7 @@ void OpProfile::collect(bool stream_idle) {
         auto& [total, calls] = totals_[op];
         total += ms;
         ++calls;
-        ++collected_;
+        unreported_ = true;
       }
       free_.push_back(last_);
     }

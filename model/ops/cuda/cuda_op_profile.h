@@ -31,9 +31,9 @@ class OpProfile {
   // next mark's interval starts with host time.
   void collect(bool stream_idle);
   std::string table() const;  // the ops by total time
-  bool has_unreported() const { return collected_ > reported_; }
+  bool has_unreported() const { return unreported_; }
   std::string report() {  // the table, remembering that it was shown
-    reported_ = collected_;
+    unreported_ = false;
     return table();
   }
 
@@ -48,7 +48,7 @@ class OpProfile {
   std::map<std::string, std::pair<double, long long>> totals_;  // op -> (ms, calls)
   bool failed_ = false;
   bool after_idle_ = false;  // the next mark ends an interval that began before a host wait
-  long long collected_ = 0, reported_ = 0;  // intervals read in all, and when the table was last shown
+  bool unreported_ = false;  // intervals read since the table was last shown
 };
 
 }  // namespace gpt::cuda

@@ -70,15 +70,16 @@ __global__ void sum_partials_kernel(const double* partial, int count, double* ou
 
 namespace cuda {
 
-int64_t column_sum_chunks(int64_t rows) {
-  return rows <= 0 ? 1 : (rows + kColumnSumRowsPerChunk - 1) / kColumnSumRowsPerChunk;
+int64_t column_sum_chunks(int64_t rows, const char* op) {
+  const int64_t chunks = rows <= 0 ? 1 : (rows + kColumnSumRowsPerChunk - 1) / kColumnSumRowsPerChunk;
+  require(chunks <= 65535, op, "too many rows (" + std::to_string(rows) + ")");
+  return chunks;
 }
 
 void column_partial_sums(const void* x, DType x_dtype, int64_t rows, int64_t cols, float* partials,
                          cudaStream_t stream) {
   if (cols <= 0) return;
-  const int64_t chunks = column_sum_chunks(rows);
-  require(chunks <= 65535, "column sums", "too many rows (" + std::to_string(rows) + ")");
+  const int64_t chunks = column_sum_chunks(rows, "column sums");
   dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(chunks));
   column_partial_kernel<<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(x, x_dtype, rows, cols, partials);
   check_launch("column sums");
