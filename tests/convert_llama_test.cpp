@@ -11,6 +11,7 @@
 
 #include "app/convert.h"
 #include "checkpoint_test_util.h"
+#include "error_of.h"
 #include "gpt_train_process.h"
 
 using namespace gpt;
@@ -41,15 +42,6 @@ Config llama_config(const std::string& dir) {
   cfg.data.synthetic = "pattern";
   cfg.checkpoint.dir = dir + "/trained";
   return cfg;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // The bytes after the safetensors header: the tensors.

@@ -21,19 +21,11 @@
 #include "app/plan.h"
 #include "app/plan_explain.h"
 #include "parallel/planner.h"
+#include "tests/error_of.h"
 
 using namespace gpt;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // A 32-layer, hidden-4096 model on 64 H100 with the layout the tests vary.
 ModelDescription dims() { return ModelDescription{32, 4096, 32, 4 * 4096, 4096, 51200, 128}; }
