@@ -28,8 +28,9 @@
 #
 #   scripts/gpu-check.sh pack   on the development machine (no GPU needed). Configures build-gpu/ with
 #                               GPT_CUDA=ON for sm_80 and sm_90 and portable CPU code (-march=x86-64-v3:
-#                               the GPU host's CPU is not this one), builds gpt-train, cuda_ops_test, layout_test and
-#                               nccl_test, and writes build-gpu/carry/bundle.tar.xz (about 27 MB): the
+#                               the GPU host's CPU is not this one), builds gpt-train, cuda_ops_test,
+#                               layout_test and nccl_test, and writes build-gpu/carry/bundle.tar.xz
+#                               (about 27 MB): the
 #                               stripped binaries plus every shared library they load from outside glibc
 #                               and the CUDA toolkit, i.e. what `ldd build-gpu/gpt-train` lists: yaml-cpp,
 #                               spdlog, fmt, oneDNN, HDF5 (+ sz/aec, curl and its
