@@ -17,6 +17,7 @@
 #include "app/watchdog.h"
 #include "data/batch_loader.h"
 #include "data/shard_source.h"
+#include "parallel/checkpoint_save.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grad_sync.h"
 #include "parallel/pipeline_executor.h"
@@ -195,6 +196,7 @@ std::vector<StepStats> Trainer::train() {
         diverged)
       log_interval(s);
     if (diverged) throw_diverged(s);
+    poll_checkpoint();
     if (cfg_.eval.interval > 0 && s.iteration % cfg_.eval.interval == 0) evaluate_and_log("valid", cfg_.eval.iters);
     if (cfg_.checkpoint.save_interval > 0 && s.iteration % cfg_.checkpoint.save_interval == 0 &&
         save_unless_nonfinite())
@@ -209,13 +211,14 @@ std::vector<StepStats> Trainer::train() {
   }
   // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved).
   if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) save_unless_nonfinite();
+  finish_checkpoint();  // the run ends with its last save committed
   return all;
 }
 
 bool Trainer::save_unless_nonfinite() {
   // While steps are not finite the previous checkpoint is the one to keep: saving would replace or prune it.
   if (nonfinite_streak_ == 0) {
-    save_checkpoint();
+    start_checkpoint();
     return true;
   }
   if (ps_.rank == 0)
@@ -235,6 +238,7 @@ bool Trainer::count_nonfinite(const StepStats& s) {
 }
 
 void Trainer::throw_diverged(const StepStats& s) {
+  finish_checkpoint();  // a save in flight holds finite weights (saves stop with the first bad step)
   throw TrainingDiverged(fmt::format(
       "training diverged: {} consecutive steps (iterations {} to {}) had a non-finite loss or gradient norm (last: loss "
       "{}, grad norm {}, lr {:.6g}); stopping without saving, so the last checkpoint{} stays the newest. Resume from it "

@@ -25,6 +25,8 @@ namespace gpt {
 
 class MetricsWriter;
 class DataParallelOptimizer;
+class CheckpointSaver;
+struct CheckpointSaveReport;
 
 // The run stopped because too many consecutive steps were not finite (training.max_nonfinite_steps);
 // raised alike on every rank.
@@ -70,11 +72,13 @@ class Trainer {
   int64_t consumed_samples() const { return consumed_; }
   void set_progress(int64_t iteration, int64_t consumed) { iteration_ = iteration, consumed_ = consumed; }
   // Distributed checkpoint (app/trainer_checkpoint.cpp): save writes checkpoint.dir/iter_NNNNNNN from every
-  // rank and moves the `latest` pointer only once all ranks' data is durable; resume loads
-  // checkpoint.load, or the latest checkpoint in checkpoint.dir, into this layout (any saved layout);
-  // returns false when there is nothing to load.
+  // rank and moves the `latest` pointer only once all ranks' data is durable (first committing a save
+  // still in flight), and returns once it has; resume loads checkpoint.load, or the latest checkpoint
+  // in checkpoint.dir, into this layout (any saved layout); returns false when there is nothing to load.
   void save_checkpoint();
   bool resume();
+  // The host memory held for asynchronous checkpoint snapshots (0 before the first or with sync saves).
+  int64_t checkpoint_host_buffer_bytes() const;
   // Every global parameter, assembled on every rank (tests and conversion): name -> values.
   std::vector<std::pair<std::string, std::vector<float>>> gather_global_params();
 
@@ -83,8 +87,17 @@ class Trainer {
   // Counts `s` towards training.max_nonfinite_steps; true when the run must stop.
   bool count_nonfinite(const StepStats& s);
   [[noreturn]] void throw_diverged(const StepStats& s);
-  // Saves a checkpoint unless the current run of non-finite steps is under way; true when it saved.
+  // Starts a checkpoint of this iteration unless the current run of non-finite steps is under way; true
+  // when it did.
   bool save_unless_nonfinite();
+  // Starts a save of this iteration after committing the one in flight: written in the background with
+  // checkpoint.async_save, else committed before it returns.
+  void start_checkpoint();
+  // After a step (collective): commits a save in flight once every rank's write is done.
+  void poll_checkpoint();
+  // Waits for the save in flight, if any, and commits it (collective).
+  void finish_checkpoint();
+  void checkpoint_committed(const CheckpointSaveReport& r);
 
   Config cfg_;
   ParallelState& ps_;
@@ -115,6 +128,9 @@ class Trainer {
     double comm_seconds[3] = {0, 0, 0};
     int64_t comm_bytes[3] = {0, 0, 0};
   } interval_;
+  // Checkpoint saves, created at the first; declared last, so a write in flight when the trainer goes
+  // (a failing run) is cancelled before anything it reads is destroyed.
+  std::unique_ptr<CheckpointSaver> saver_;
 };
 
 // The tokenizer of the configured data (empty for synthetic data): name, hash, vocabulary and end-of-

@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "app/watchdog.h"
 #include "parallel/checkpoint.h"
+#include "parallel/checkpoint_save.h"
 #include "parallel/data_parallel.h"
 
 namespace gpt {
@@ -91,20 +92,55 @@ TokenizerRecord tokenizer_record_from_config(const Config& cfg, std::map<std::st
 }
 
 void Trainer::save_checkpoint() {
+  start_checkpoint();
+  finish_checkpoint();
+}
+
+void Trainer::start_checkpoint() {
   if (cfg_.checkpoint.dir.empty())
     throw ConfigError("config " + cfg_.source + ": checkpoint.dir is empty, so there is nowhere to save a checkpoint");
+  finish_checkpoint();  // at most one save in flight; and the lineage's parent is the one just committed
+  if (!saver_)
+    saver_ = std::make_unique<CheckpointSaver>(backend_, cfg_.checkpoint.dir, cfg_.checkpoint.keep_last,
+                                               cfg_.checkpoint.async_save);
   CheckpointProgress progress{iteration_,       consumed_,       optimizer_->adam().steps_taken(), cfg_.training.seed,
                               scaler_.dynamic(), scaler_.state(), lineage_parent_,  lineage_parent_id_};
   WatchdogScope watch("saving the checkpoint of iteration " + std::to_string(iteration_), WatchdogScope::kStartup);
-  CheckpointSaveReport r =
-      save_distributed_checkpoint(cfg_.checkpoint.dir, checkpoint_model(*this), progress, cfg_.checkpoint.keep_last);
+  const double blocked = saver_->start(checkpoint_model(*this), progress);
+  if (cfg_.checkpoint.async_save && ps_.rank == 0)
+    spdlog::info("checkpoint of iteration {}: copied to host memory in {:.3f} s; writing {} in the background",
+                 iteration_, blocked, cfg_.checkpoint.dir);
+  if (!cfg_.checkpoint.async_save) finish_checkpoint();
+}
+
+void Trainer::poll_checkpoint() {
+  if (!saver_ || !saver_->in_flight()) return;
+  if (auto r = saver_->poll()) checkpoint_committed(*r);
+}
+
+void Trainer::finish_checkpoint() {
+  if (!saver_ || !saver_->in_flight()) return;
+  WatchdogScope watch("waiting for the checkpoint being written to commit", WatchdogScope::kStartup);
+  if (auto r = saver_->wait()) checkpoint_committed(*r);
+}
+
+int64_t Trainer::checkpoint_host_buffer_bytes() const { return saver_ ? saver_->host_buffer_bytes() : 0; }
+
+void Trainer::checkpoint_committed(const CheckpointSaveReport& r) {
   lineage_parent_ = std::filesystem::path(r.path).filename().string();
   lineage_parent_id_ = r.id;
-  if (ps_.rank == 0) {
-    spdlog::info("saved checkpoint {} at iteration {}: {} bytes in {:.3f} s ({:.1f} MB/s)", r.path, iteration_,
-                 r.bytes, r.seconds, r.bytes / 1e6 / std::max(r.seconds, 1e-9));
-    for (const std::string& note : r.notes) spdlog::info("checkpoint {}: {}", cfg_.checkpoint.dir, note);
-  }
+  if (ps_.rank != 0) return;
+  auto rate = [](double bytes, double s) { return bytes / 1e6 / std::max(s, 1e-9); };
+  if (r.async)
+    spdlog::info("saved checkpoint {} at iteration {}: {} bytes | blocking copy {:.3f} s ({:.1f} MB/s) | background "
+                 "write {:.3f} s ({:.1f} MB/s) | commit {:.3f} s",
+                 r.path, r.iteration, r.bytes, r.blocking_seconds, rate(r.snapshot_bytes, r.blocking_seconds),
+                 r.write_seconds, rate(r.bytes, r.write_seconds), r.commit_seconds);
+  else
+    spdlog::info("saved checkpoint {} at iteration {}: {} bytes in {:.3f} s ({:.1f} MB/s) | write {:.3f} s | commit "
+                 "{:.3f} s",
+                 r.path, r.iteration, r.bytes, r.seconds, rate(r.bytes, r.seconds), r.write_seconds, r.commit_seconds);
+  for (const std::string& note : r.notes) spdlog::info("checkpoint {}: {}", cfg_.checkpoint.dir, note);
 }
 
 bool Trainer::resume() {

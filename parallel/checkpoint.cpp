@@ -1,6 +1,6 @@
-// Distributed save and load (see checkpoint.h): who writes which piece, the commit protocol that makes a
-// save atomic, rank 0's validation broadcast, each rank's reads for its own layout, and the error
-// agreement that turns a failure on any rank into the same exception on every rank.
+// Distributed load (see checkpoint.h; saving is in checkpoint_save.cpp): rank 0's validation broadcast,
+// each rank's reads for its own layout, and the error agreement that turns a failure on any rank into the
+// same exception on every rank.
 #include "parallel/checkpoint.h"
 
 #include <chrono>
@@ -20,56 +20,8 @@ namespace {
 // Every rank passes its own error ("" when fine); all throw the lowest failing rank's message, or none.
 void agree(Communicator& comm, const std::string& error) { agree_or_throw<CheckpointError>(comm, error); }
 
-std::string rank_prefix(const Communicator& comm) {
-  return comm.size() > 1 ? fmt::format("rank {}: ", comm.rank()) : std::string();
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The local element range [begin, end) of a parameter that an optimizer segment covers.
-std::pair<int64_t, int64_t> segment_range(const OptimizerSegment& s) {
-  const int64_t begin = s.grad.f32() - s.param->grad.f32();
-  return {begin, begin + s.grad.numel()};
-}
-
-StoredFile write_rank_file(const std::string& path, const CheckpointModel& m, int64_t iteration, bool& wrote) {
-  ParallelState& ps = *m.ps;
-  Backend& be = *m.backend;
-  std::unique_ptr<ShardFileWriter> writer;
-  std::vector<float> host;
-  auto put = [&](const char* kind, const Parameter& p, int64_t begin, int64_t end, const Tensor& t) {
-    if (!writer) writer = std::make_unique<ShardFileWriter>(path, ps.rank, iteration);
-    const float* values = t.device() == Device::CPU && t.dtype() == DType::F32 ? t.f32() : nullptr;
-    if (!values) {  // device memory or a 16-bit dtype: through host fp32 (exact)
-      host.resize(t.numel());
-      be.download(t, host.data());
-      values = host.data();
-    }
-    // Diverged weights are never saved: the checkpoint they would replace or prune is the good one.
-    if (std::strcmp(kind, "model") == 0 || std::strcmp(kind, "master") == 0)
-      for (int64_t i = 0; i < end - begin; ++i)
-        if (!std::isfinite(values[i]))
-          throw CheckpointError(fmt::format("tensor {} ({}) holds a non-finite value ({}) at local element {}: the "
-                                            "weights diverged, and a checkpoint of them is refused",
-                                            p.name, kind, values[i], begin + i));
-    writer->write(kind, p.name, p.global_shape, p.shard, begin, end, values, t.dtype());
-  };
-  for (OptimizerSegment& s : m.optimizer->adam().segments()) {
-    const Parameter& p = *s.param;
-    if (p.tied_copy) continue;                                 // the word embedding is saved by its owner
-    if (p.tp_replicated && ps.tp_rank() != 0) continue;        // identical on every tp rank
-    if (!m.optimizer->distributed() && ps.dp_rank() != 0) continue;  // replicated over dp
-    auto [begin, end] = segment_range(s);
-    put("model", p, begin, end, s.value);
-    if (s.master.raw() != s.value.raw()) put("master", p, begin, end, s.master);
-    if (!m.save_optimizer_state) continue;
-    put("adam_m", p, begin, end, s.m);
-    put("adam_v", p, begin, end, s.v);
-  }
-  wrote = writer != nullptr;
-  return writer ? writer->finish() : StoredFile{};
 }
 
 bool compatible_shapes(const std::string& name, const Shape& saved, const Shape& current, int64_t vocab) {
@@ -181,102 +133,11 @@ std::string newest_verified_checkpoint(const std::string& dir, const CheckpointM
                                     dir, list));
 }
 
-// Writes the tokenizer's files into the staging directory's tokenizer/ under fixed names (durably,
-// before the commit), and returns the record with their paths relative to the checkpoint directory.
-TokenizerRecord store_tokenizer_files(const TokenizerRecord& record, const std::map<std::string, std::string>& files,
-                                      const fs::path& staging) {
-  static const std::map<std::string, std::string> kNames = {
-      {"vocab", "vocab.json"}, {"merges", "merges.txt"}, {"model", "spm.model"}};
-  TokenizerRecord stored = record;
-  stored.files.clear();
-  if (files.empty()) return stored;
-  fs::create_directories(staging / "tokenizer");
-  for (const auto& [role, bytes] : files) {
-    auto it = kNames.find(role);
-    if (it == kNames.end()) throw std::logic_error("checkpoint: unknown tokenizer file role '" + role + "'");
-    const std::string name = "tokenizer/" + it->second;
-    write_file_durably((staging / name).string(), bytes);
-    stored.files[role] = name;
-  }
-  fsync_path((staging / "tokenizer").string());
-  return stored;
-}
-
 }  // namespace
 
-CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& m,
-                                                 const CheckpointProgress& progress, int64_t keep_last) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Communicator& world = *m.ps->world;
-  const std::string name = iteration_dir_name(progress.iteration);
-  const fs::path final_dir = fs::path(dir) / name;
-  const fs::path tmp_dir = fs::path(dir) / (name + ".tmp");
-
-  // 1. A fresh staging directory (a crashed save may have left one behind).
-  std::string error;
-  if (world.rank() == 0) {
-    try {
-      begin_checkpoint_dir(dir, progress.iteration);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  agree(world, error);
-
-  // 2. Every rank writes and fsyncs its own file.
-  StoredFile mine;
-  bool wrote = false;
-  try {
-    mine = write_rank_file((tmp_dir / rank_file_name(m.ps->rank)).string(), m, progress.iteration, wrote);
-  } catch (const std::exception& e) {
-    error = rank_prefix(world) + "saving checkpoint " + tmp_dir.string() + ": " + e.what();
-  }
-  agree(world, error);
-  // Gathering the index entries is also the barrier that says every rank's data is durable.
-  std::vector<std::string> entries = all_gather_strings(world, wrote ? stored_file_to_yaml(mine) : "");
-
-  // 3. Rank 0 commits: metadata, directory rename, then the `latest` pointer.
-  const std::string new_id = broadcast_string(world, world.rank() == 0 ? random_token() : "", 0);
-  int64_t bytes = 0;
-  std::vector<std::string> notes;
-  if (world.rank() == 0) {
-    try {
-      CheckpointMeta meta;
-      meta.iteration = progress.iteration;
-      meta.parent = progress.parent;
-      meta.parent_id = progress.parent_id;
-      meta.id = new_id;
-      meta.saved_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-      meta.consumed_samples = progress.consumed_samples;
-      meta.optimizer_steps = progress.optimizer_steps;
-      meta.rng_seed = progress.rng_seed;
-      meta.loss_scaler_dynamic = progress.loss_scaler_dynamic;
-      meta.loss_scaler = progress.loss_scaler;
-      meta.dtype = m.dtype;
-      meta.layout = SavedLayout{m.ps->tp_size(), m.ps->pp_size(), m.virtual_pipeline, m.ps->dp_size(),
-                                m.ps->layout.world(), m.optimizer->distributed()};
-      meta.vocab_size = m.vocab_size;
-      meta.padded_vocab = m.padded_vocab;
-      meta.tensors = m.global_shapes;
-      meta.config_yaml = m.config_yaml;
-      meta.tokenizer = store_tokenizer_files(m.tokenizer, m.tokenizer_files, tmp_dir);
-      meta.has_optimizer_state = m.save_optimizer_state;
-      for (size_t r = 0; r < entries.size(); ++r) {
-        if (entries[r].empty()) continue;
-        meta.files.push_back(stored_file_from_yaml(entries[r], fmt::format("index entry of rank {}", r)));
-        bytes += meta.files.back().bytes;
-        for (const StoredPiece& p : meta.files.back().pieces) meta.master_weights |= p.kind == "master";
-      }
-      bytes += static_cast<int64_t>(checkpoint_meta_to_yaml(meta).size());
-      commit_checkpoint_dir(dir, meta, keep_last, &notes);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  agree(world, error);
-  double total = static_cast<double>(bytes);
-  world.all_reduce_host(&total, 1);
-  return {final_dir.string(), new_id, static_cast<int64_t>(total), seconds_since(t0), notes};
+std::pair<int64_t, int64_t> segment_range(const OptimizerSegment& s) {
+  const int64_t begin = s.grad.f32() - s.param->grad.f32();
+  return {begin, begin + s.grad.numel()};
 }
 
 void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, const CheckpointModel& m) {

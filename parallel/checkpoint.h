@@ -1,5 +1,5 @@
 // Distributed checkpoint save and load over a process grid (the format is in parallel/checkpoint_format.h
-// and docs/checkpoint-format.md).
+// and docs/checkpoint-format.md; saving, synchronous or in the background, in parallel/checkpoint_save.h).
 // Save: every rank writes the pieces it owns, in parallel, into `iter_NNNNNNN.tmp/rank_RRRRR.h5` and
 // fsyncs it: each optimizer segment (the whole parameter, or with ZeRO-1 this data-parallel rank's part)
 // gives its model values, fp32 master weights (when distinct from the values) and Adam moments, written by
@@ -64,14 +64,22 @@ struct CheckpointProgress {
 struct CheckpointSaveReport {
   std::string path;     // the complete iteration directory
   std::string id;       // its CheckpointMeta::id
+  int64_t iteration = 0;
   int64_t bytes = 0;    // all rank files plus the metadata
-  double seconds = 0;
-  std::vector<std::string> notes;  // rank 0: directories set aside or pruned, for the log
+  bool async = false;   // the files were written in the background
+  // The slowest rank's time in each phase (parallel/checkpoint_save.h): blocked in start() (for an
+  // asynchronous save, mostly the copy into host memory), writing its file (in the background, or
+  // inside start() when synchronous) and the commit; and the bytes copied into host snapshots.
+  double blocking_seconds = 0, write_seconds = 0, commit_seconds = 0;
+  int64_t snapshot_bytes = 0;
+  double seconds = 0;  // from start() to the end of the commit
+  std::vector<std::string> notes;  // rank 0: directories set aside or pruned, ranks that wrote synchronously
 };
 
-// Collective over ps->world. Refuses (CheckpointError) to save model or master weights that are not
-// finite. Writes checkpoint.dir/iter_NNNNNNN and moves `latest`; prunes to keep_last.
-// Throws CheckpointError identically on every rank when any rank fails.
+// Collective over ps->world: a synchronous save (CheckpointSaver with async off, started and waited).
+// Refuses (CheckpointError) to save model or master weights that are not finite. Writes
+// checkpoint.dir/iter_NNNNNNN and moves `latest`; prunes to keep_last. Throws CheckpointError identically
+// on every rank when any rank fails.
 CheckpointSaveReport save_distributed_checkpoint(const std::string& dir, const CheckpointModel& model,
                                                  const CheckpointProgress& progress, int64_t keep_last);
 
@@ -90,6 +98,9 @@ struct CheckpointLoadReport {
 // CheckpointError identically on every rank on any mismatch or damage.
 std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::string& path, bool required,
                                                                 const CheckpointModel& model);
+
+// The local element range [begin, end) of its parameter that an optimizer segment covers.
+std::pair<int64_t, int64_t> segment_range(const OptimizerSegment& segment);
 
 // Rank 0's checks of an index against the model before anyone reads (also used by tests): the model
 // config, the tensor set and shapes, and every rank file present with the size it had when saved.

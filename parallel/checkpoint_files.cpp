@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -91,37 +92,62 @@ ShardFileWriter::~ShardFileWriter() {
 }
 
 void ShardFileWriter::write(const std::string& kind, const std::string& name, const Shape& global,
-                            const ShardSpec& shard, int64_t begin, int64_t end, const float* values, DType dtype) {
-  h5::Lock lock;
+                            const ShardSpec& shard, int64_t begin, int64_t end, const float* values, DType dtype,
+                            const std::atomic<bool>* cancel) {
   Impl& w = *impl_;
   const std::string where = w.path + " " + kind + "/" + name;
   const hsize_t n = static_cast<hsize_t>(end - begin);
   if (end <= begin) throw CheckpointError(where + ": empty piece");
-  // The stored bytes: fp32 as is, 16-bit formats converted (exactly: the values came from that dtype).
-  std::vector<uint16_t> half;
-  const void* bytes = values;
-  size_t nbytes = n * 4;
-  if (dtype != DType::F32) {
-    half.resize(n);
-    for (hsize_t i = 0; i < n; ++i) half[i] = dtype == DType::BF16 ? fp32_to_bf16(values[i]) : fp32_to_fp16(values[i]);
-    bytes = half.data();
-    nbytes = n * 2;
+  const size_t elem = dtype == DType::F32 ? 4 : 2;
+  StoredPiece piece{kind, name, shard, begin, end, dtype, crc32_bytes(nullptr, 0)};  // the CRC of nothing
+  h5::Handle ds, type;
+  {
+    h5::Lock lock;
+    auto g = w.groups.find(kind);
+    if (g == w.groups.end())
+      g = w.groups
+              .emplace(kind, h5::check(H5Gcreate2(w.file.get(), kind.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                       w.path, "create group " + kind))
+              .first;
+    type = file_type(dtype, w.path);
+    h5::Handle space = h5::check(H5Screate_simple(1, &n, nullptr), w.path, "create dataspace for " + name);
+    ds = h5::check(
+        H5Dcreate2(g->second.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+        w.path, "create dataset " + piece.dataset());
   }
-  StoredPiece piece{kind, name, shard, begin, end, dtype, crc32_bytes(bytes, nbytes)};
-
-  auto g = w.groups.find(kind);
-  if (g == w.groups.end())
-    g = w.groups
-            .emplace(kind, h5::check(H5Gcreate2(w.file.get(), kind.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                                     w.path, "create group " + kind))
-            .first;
-  h5::Handle type = file_type(dtype, w.path);
-  h5::Handle space = h5::check(H5Screate_simple(1, &n, nullptr), w.path, "create dataspace for " + name);
-  h5::Handle ds = h5::check(
-      H5Dcreate2(g->second.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-      w.path, "create dataset " + piece.dataset());
-  h5::check(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes), w.path,
-            "write dataset " + piece.dataset());
+  // The stored bytes, a slab at a time: fp32 as is, 16-bit formats converted (exactly: the values came
+  // from that dtype), each slab's CRC chained onto the piece's.
+  constexpr hsize_t kSlab = hsize_t(4) << 20;  // elements
+  std::vector<uint16_t> half;
+  try {
+    for (hsize_t lo = 0; lo < n; lo += kSlab) {
+      if (cancel && cancel->load(std::memory_order_relaxed))
+        throw CheckpointError(where + ": the write was cancelled (the run is stopping)");
+      const hsize_t count = std::min(kSlab, n - lo);
+      const void* bytes = values + lo;
+      if (dtype != DType::F32) {
+        half.resize(count);
+        for (hsize_t i = 0; i < count; ++i)
+          half[i] = dtype == DType::BF16 ? fp32_to_bf16(values[lo + i]) : fp32_to_fp16(values[lo + i]);
+        bytes = half.data();
+      }
+      piece.crc32 = crc32_update(piece.crc32, bytes, count * elem);
+      h5::Lock lock;
+      h5::Handle file_space = h5::check(H5Dget_space(ds.get()), w.path, "dataspace of " + piece.dataset());
+      h5::check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &lo, nullptr, &count, nullptr), w.path,
+                "select a slab of " + piece.dataset());
+      h5::Handle mem_space = h5::check(H5Screate_simple(1, &count, nullptr), w.path, "create slab space");
+      h5::check(H5Dwrite(ds.get(), type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, bytes), w.path,
+                "write dataset " + piece.dataset());
+    }
+  } catch (...) {
+    h5::Lock lock;  // the handles close under the lock: another thread may be using HDF5
+    ds.reset();
+    type.reset();
+    throw;
+  }
+  h5::Lock lock;
+  const size_t nbytes = n * elem;
   // Start this dataset's writeback at once; every 64 MB, wait for what came before it and drop those
   // pages (datasets are allocated at increasing offsets). Only a hint for speed: durability comes from
   // the fsync in finish().
@@ -141,6 +167,7 @@ void ShardFileWriter::write(const std::string& kind, const std::string& name, co
   write_int_attr(ds.get(), "shard", shard.to_ints(), w.path);
   write_int_attr(ds.get(), "range", {begin, end}, w.path);
   write_int_attr(ds.get(), "crc32", {piece.crc32}, w.path);
+  type.reset();
   h5::close(ds, w.path, "write dataset " + piece.dataset());
   w.entry.pieces.push_back(std::move(piece));
 }

@@ -9,6 +9,7 @@
 // records training progress, loss-scaler state, the saved layout and the effective config.
 // This header also owns the directory conventions: the `latest` pointer, atomic replacement, pruning.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,8 +50,10 @@ struct ElementCopy {
 std::vector<ElementCopy> intersect_runs(const std::vector<ElementRun>& stored, int64_t stored_begin,
                                         const std::vector<ElementRun>& wanted, int64_t wanted_begin);
 
-// CRC-32 (zlib's polynomial) of a byte buffer.
+// CRC-32 (zlib's polynomial) of a byte buffer; crc32_update continues `crc` over more bytes, so
+// crc32_update(crc32_bytes(a), b) is the CRC of a followed by b.
 uint32_t crc32_bytes(const void* data, size_t bytes);
+uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
 
 // ---- metadata ----
 
@@ -145,8 +148,12 @@ class ShardFileWriter {
   ~ShardFileWriter();
   // Stores local elements [begin, end) of the tensor `name` (shape `global`, sharded by `shard`):
   // `values` holds end - begin floats that are exact in `dtype` (they came from a tensor of that dtype).
+  // Large pieces go in slabs of 16 MB, each under the process's HDF5 lock on its own, so a background
+  // write never holds the lock for long (the data loader reads token shards through it); `cancel`,
+  // when given and set, stops the write between slabs with a CheckpointError.
   void write(const std::string& kind, const std::string& name, const Shape& global, const ShardSpec& shard,
-             int64_t begin, int64_t end, const float* values, DType dtype);
+             int64_t begin, int64_t end, const float* values, DType dtype,
+             const std::atomic<bool>* cancel = nullptr);
   // Closes the file, fsyncs it and returns its index entry (file name relative to its directory).
   StoredFile finish();
 

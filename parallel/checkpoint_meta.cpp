@@ -69,8 +69,12 @@ int64_t count_below(const Shape& global, const ShardSpec& shard, int64_t begin, 
   return n;
 }
 
+uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), bytes));
+}
+
 uint32_t crc32_bytes(const void* data, size_t bytes) {
-  return static_cast<uint32_t>(crc32_z(crc32_z(0L, Z_NULL, 0), static_cast<const Bytef*>(data), bytes));
+  return crc32_update(static_cast<uint32_t>(crc32_z(0L, Z_NULL, 0)), data, bytes);
 }
 
 std::string stored_dtype_name(DType t) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 namespace gpt {
 
@@ -21,6 +22,10 @@ Tensor host_words(size_t bytes) {
 }
 
 }  // namespace
+
+std::string rank_prefix(const Communicator& comm) {
+  return comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : std::string();
+}
 
 std::vector<std::string> all_gather_strings(Communicator& comm, const std::string& s) {
   const int n = comm.size();

@@ -17,6 +17,8 @@ std::string broadcast_string(Communicator& comm, const std::string& s, int root)
 // Every rank passes its own error ("" when fine); returns the lowest failing rank's message, or "" on
 // every rank alike (collective).
 std::string first_error(Communicator& comm, const std::string& error);
+// "rank R: " in a group of more than one, "" alone: the prefix of a message that one rank raises.
+std::string rank_prefix(const Communicator& comm);
 // first_error, thrown as `E` on every rank when any rank failed.
 template <class E>
 void agree_or_throw(Communicator& comm, const std::string& error) {

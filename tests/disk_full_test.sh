@@ -3,7 +3,8 @@
 # training on 1 and 2 ranks whose checkpoint does not fit, and `prep` whose shards do not fit, must exit
 # with status 1 (never by a signal) and a message naming the file under the full file system. A failed
 # save leaves no incomplete iter_NNNNNNN directory (at most an iter_NNNNNNN.tmp staging directory), and
-# the checkpoint saved before it stays the one `latest` names and evaluates; every shard prep completed
+# the checkpoint saved before it stays the one `latest` names and evaluates (also when the failing save is
+# written in the background: checkpoint.async_save, the default); every shard prep completed
 # before the failure holds what a run on a roomy disk writes. Mounting needs root: skipped (77) otherwise.
 # Usage: disk_full_test.sh GPT_TRAIN SRC_DIR
 source "$(dirname "$0")/cli_test_lib.sh"
@@ -72,11 +73,21 @@ for free in 4 $((size / 8)) $((size / 2)) $((size - 24)); do
   check_checkpoints "train_free_$free" "$MNT/ck"
 done
 
-# Room for one checkpoint and a half: the second save fails; the first stays intact and loadable.
-leave_free $((size * 3 / 2))
-expect_disk_full train_second "$MNT/ck/iter_0000002\.tmp/rank_0000[0-9]\.h5: .*No space left on device" \
-  "$BIN" "${TRAIN[@]}" --set training.train_iters=3 --set checkpoint.dir="$MNT/ck"
-check_checkpoints train_second "$MNT/ck" iter_0000001
+# Room for one checkpoint and a half: the second save fails, written synchronously or in the background
+# (then reported at the next step); the run stops with status 1, `latest` still names the first, which
+# keep_last 1 has not pruned and which stays intact and loadable.
+for async in false true; do
+  leave_free $((size * 3 / 2))
+  expect_disk_full "train_second_async_$async" \
+    "$( [ $async = true ] && echo 'background write of ')$MNT/ck/iter_0000002\.tmp/rank_0000[0-9]\.h5: .*No space left on device" \
+    "$BIN" "${TRAIN[@]}" --set training.train_iters=6 --set checkpoint.keep_last=1 \
+    --set checkpoint.async_save=$async --set checkpoint.dir="$MNT/ck"
+  check_checkpoints "train_second_async_$async" "$MNT/ck" iter_0000001
+  [ -f "$MNT/ck/iter_0000001/metadata.yaml" ] || { echo "FAIL (train_second_async_$async): iter_0000001 pruned"; fail=1; }
+  if grep -q "iteration *6/" "$TMP/train_second_async_$async.log"; then
+    echo "FAIL (train_second_async_$async): the run trained on to the end after the failed save"; fail=1
+  fi
+done
 rm -f "$MNT/filler"
 if timeout 60 "$BIN" eval --load "$MNT/ck" --iters 1 >"$TMP/eval.log" 2>&1 &&
    grep -q "loaded checkpoint $MNT/ck/iter_0000001" "$TMP/eval.log"; then

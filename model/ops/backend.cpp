@@ -1,9 +1,12 @@
-// Backend pieces shared by every implementation (zeros, the composed linear+GELU and add+LayerNorm
+// Backend pieces shared by every implementation (zeros, plain host memory, the composed linear+GELU and add+LayerNorm
 // defaults) and the factory that maps the config's `backend`
 // value to an implementation compiled into this binary.
 #include "model/ops/backend.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "model/ops/cpu/cpu_backend.h"
 #ifdef GPT_HAVE_CUDA
@@ -11,6 +14,14 @@
 #endif
 
 namespace gpt {
+
+void* Backend::alloc_host(size_t bytes) {
+  void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  if (!p) throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+  return p;
+}
+
+void Backend::free_host(void* p) { std::free(p); }
 
 Tensor Backend::zeros(const Shape& shape, DType dtype) {
   Tensor t = empty(shape, dtype);

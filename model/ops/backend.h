@@ -48,6 +48,11 @@ class Backend {
   virtual size_t memory_peak() const = 0;
   virtual void reset_memory_peak() = 0;
   virtual void synchronize() {}
+  // Host memory for large transfers (checkpoint snapshots), not counted in memory_in_use: page-locked on
+  // CUDA, so downloads into it run at full bus speed; plain 64-byte-aligned memory by default. Throws
+  // std::runtime_error naming the size when it cannot be had. free_host takes what alloc_host returned.
+  virtual void* alloc_host(size_t bytes);
+  virtual void free_host(void* p);
 
   // ---- linear: y[N,out] = x[N,in] . w[out,in]^T (+ b[out]) ----
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;

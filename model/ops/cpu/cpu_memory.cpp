@@ -127,23 +127,12 @@ BlockPool& block_pool() {
   return *pool;
 }
 
-void free_host(void* ptr, size_t bytes) {
+void release_block(void* ptr, size_t bytes) {
   block_pool().give(ptr, bytes);
   g_bytes_in_use.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 size_t live_bytes() { return g_bytes_in_use.load(std::memory_order_relaxed) + g_scratch_in_use.load(std::memory_order_relaxed); }
-
-// Copies of a few MB and up are worth splitting across threads.
-void parallel_memcpy(void* dst, const void* src, size_t bytes) {
-  constexpr size_t kChunk = size_t(1) << 20;
-  const int64_t chunks = static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
-#pragma omp parallel for schedule(static) if (chunks > 4)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const size_t lo = c * kChunk;
-    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, std::min(kChunk, bytes - lo));
-  }
-}
 
 }  // namespace
 
@@ -162,7 +151,7 @@ Tensor CpuBackend::empty(const Shape& shape, DType dtype) {
   storage->ptr = ptr;
   storage->bytes = bytes;
   storage->device = Device::CPU;
-  storage->deleter = &free_host;
+  storage->deleter = &release_block;
   raise_peak(g_bytes_peak, g_bytes_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   return Tensor(std::move(storage), 0, shape, dtype);
 }

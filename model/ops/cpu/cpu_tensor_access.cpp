@@ -83,9 +83,19 @@ void convert_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n) {
 
 }  // namespace
 
+void parallel_memcpy(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kChunk = size_t(1) << 20;
+  const int64_t chunks = static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static) if (chunks > 4)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const size_t lo = c * kChunk;
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, std::min(kChunk, bytes - lo));
+  }
+}
+
 void to_f32(const void* src, DType src_dtype, float* dst, int64_t n) {
   if (src_dtype == DType::F32) {
-    std::memcpy(dst, src, n * sizeof(float));
+    parallel_memcpy(dst, src, n * sizeof(float));
     return;
   }
   if (!is_float(src_dtype)) throw std::runtime_error(std::string("to_f32: not a float dtype: ") + dtype_name(src_dtype));

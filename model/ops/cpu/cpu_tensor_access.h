@@ -34,6 +34,8 @@ using ops::is_float;
 
 // Element-wise conversions between an fp32 array and n elements of a float dtype (F32 is a plain copy).
 // Parallel over OpenMP threads for large n.
+// memcpy split across threads in 1 MiB chunks when there are more than four (copies of a few MB and up).
+void parallel_memcpy(void* dst, const void* src, size_t bytes);
 void to_f32(const void* src, DType src_dtype, float* dst, int64_t n);
 void from_f32(const float* src, void* dst, DType dst_dtype, int64_t n);
 

@@ -7,6 +7,7 @@
 // deleters may run after the last backend object is gone.
 #include "model/ops/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -164,6 +165,17 @@ size_t CudaBackend::memory_reserved() const { return CachingAllocator::instance(
 int64_t CudaBackend::device_allocations() const { return CachingAllocator::instance().device_allocations(); }
 
 void CudaBackend::synchronize() { raise_device_errors(); }
+
+void* CudaBackend::alloc_host(size_t bytes) {
+  void* p = nullptr;
+  const std::string what = "cudaMallocHost of " + std::to_string(bytes) + " bytes";
+  check_cuda(cudaMallocHost(&p, std::max<size_t>(bytes, 1)), "alloc_host", what.c_str());
+  return p;
+}
+
+void CudaBackend::free_host(void* p) {
+  if (p) cudaFreeHost(p);
+}
 
 const void* CudaBackend::cached_device_copy(const void* host, size_t bytes, const char* op) {
   std::string key(static_cast<const char*>(host), bytes);

@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   size_t memory_peak() const override;
   void reset_memory_peak() override;
   void synchronize() override;
+  void* alloc_host(size_t bytes) override;  // page-locked (cudaMallocHost)
+  void free_host(void* p) override;
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
