@@ -160,6 +160,8 @@ std::vector<StepStats> Trainer::train() {
     spdlog::warn("checkpoint {} holds no optimizer state (saved with checkpoint.save_optimizer false, or imported): "
                  "the Adam moments restart from zero at iteration {}",
                  resumed_without_moments_, iteration_);
+  if (cfg_.checkpoint.async_save && cfg_.checkpoint.save_interval > 0 && !cfg_.checkpoint.dir.empty())
+    prepare_checkpoint_buffer();
   int64_t saved_at = -1;
   while (iteration_ < cfg_.training.train_iters) {
     double comm_s0[3];

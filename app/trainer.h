@@ -93,11 +93,14 @@ class Trainer {
   // Starts a save of this iteration after committing the one in flight: written in the background with
   // checkpoint.async_save, else committed before it returns.
   void start_checkpoint();
+  // Sets up the snapshot buffer of asynchronous saves in the background (CheckpointSaver::prepare).
+  void prepare_checkpoint_buffer();
   // After a step (collective): commits a save in flight once every rank's write is done.
   void poll_checkpoint();
   // Waits for the save in flight, if any, and commits it (collective).
   void finish_checkpoint();
   void checkpoint_committed(const CheckpointSaveReport& r);
+  CheckpointSaver& saver();  // created at first use
 
   Config cfg_;
   ParallelState& ps_;

@@ -96,17 +96,23 @@ void Trainer::save_checkpoint() {
   finish_checkpoint();
 }
 
+CheckpointSaver& Trainer::saver() {
+  if (!saver_)
+    saver_ = std::make_unique<CheckpointSaver>(backend_, cfg_.checkpoint.dir, cfg_.checkpoint.keep_last,
+                                               cfg_.checkpoint.async_save);
+  return *saver_;
+}
+
+void Trainer::prepare_checkpoint_buffer() { saver().prepare(checkpoint_model(*this)); }
+
 void Trainer::start_checkpoint() {
   if (cfg_.checkpoint.dir.empty())
     throw ConfigError("config " + cfg_.source + ": checkpoint.dir is empty, so there is nowhere to save a checkpoint");
   finish_checkpoint();  // at most one save in flight; and the lineage's parent is the one just committed
-  if (!saver_)
-    saver_ = std::make_unique<CheckpointSaver>(backend_, cfg_.checkpoint.dir, cfg_.checkpoint.keep_last,
-                                               cfg_.checkpoint.async_save);
   CheckpointProgress progress{iteration_,       consumed_,       optimizer_->adam().steps_taken(), cfg_.training.seed,
                               scaler_.dynamic(), scaler_.state(), lineage_parent_,  lineage_parent_id_};
   WatchdogScope watch("saving the checkpoint of iteration " + std::to_string(iteration_), WatchdogScope::kStartup);
-  const double blocked = saver_->start(checkpoint_model(*this), progress);
+  const double blocked = saver().start(checkpoint_model(*this), progress);
   if (cfg_.checkpoint.async_save && ps_.rank == 0)
     spdlog::info("checkpoint of iteration {}: copied to host memory in {:.3f} s; writing {} in the background",
                  iteration_, blocked, cfg_.checkpoint.dir);

@@ -128,6 +128,20 @@ CheckpointSaver::CheckpointSaver(Backend& backend, std::string dir, int64_t keep
 
 CheckpointSaver::~CheckpointSaver() = default;
 
+bool CheckpointSaver::snapshot_fits(int64_t floats) const {
+  const int64_t grow = floats * static_cast<int64_t>(sizeof(float)) - pool_.bytes();
+  if (grow <= 0) return true;
+  const int64_t available = available_host_memory();
+  return available < 0 || grow <= available / 2;
+}
+
+void CheckpointSaver::prepare(const CheckpointModel& m) {
+  if (!async_) return;
+  std::vector<RankPiece> pieces = rank_pieces(m);
+  const int64_t floats = layout_snapshot(pieces);
+  if (floats > 0 && snapshot_fits(floats)) pool_.prepare(floats);
+}
+
 double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress& progress) {
   if (pending_)
     throw std::logic_error(fmt::format("checkpoint {}: the save of iteration {} is still in flight", dir_,
@@ -159,9 +173,7 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
   const std::string file = (fs::path(p->staging) / rank_file_name(m.ps->rank)).string();
   // A snapshot that would take more than half the memory still available is not taken: this rank
   // writes synchronously instead (the pool, once grown, is always used).
-  const int64_t grow = floats * static_cast<int64_t>(sizeof(float)) - pool_.bytes();
-  const int64_t available = grow > 0 ? available_host_memory() : -1;
-  p->fell_back = async_ && grow > 0 && available >= 0 && grow > available / 2;
+  p->fell_back = async_ && !snapshot_fits(floats);
   try {
     if (async_ && !p->fell_back && !pieces.empty()) {
       float* snapshot = pool_.reserve(floats);
@@ -182,7 +194,7 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
       try {
         p->result.file = write_rank_file(file, m.ps->rank, progress.iteration, pieces, values, p->result.wrote);
       } catch (const std::exception& e) {
-        p->result.error = "saving checkpoint " + p->staging + ": " + e.what();
+        p->result.error = e.what();
       }
       p->result.seconds = seconds_since(t0);
     }
@@ -228,8 +240,11 @@ CheckpointSaveReport CheckpointSaver::commit() {
   Communicator& world = *p->world;
   // A failed write on any rank: the same error everywhere; nothing is renamed, moved or pruned. Ranks
   // still writing cancel theirs.
+  const std::string how = p->snapshot_bytes > 0 ? " (written in the background)" : "";
   try {
-    agree(world, p->result.error.empty() ? "" : rank_prefix(world) + p->result.error);
+    agree(world, p->result.error.empty() ? ""
+                                         : rank_prefix(world) + "saving checkpoint " + p->staging + how + ": " +
+                                               p->result.error);
   } catch (...) {
     writer_.cancel();
     throw;

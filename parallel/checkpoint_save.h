@@ -36,6 +36,10 @@ class CheckpointSaver {
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
   bool in_flight() const { return pending_ != nullptr; }
+  // Not collective: with async saves, sets up this rank's snapshot buffer for `model` in the background
+  // (allocated and faulted in while the first steps run), so the first save blocks no longer than the
+  // later ones. Optional: start() grows the buffer itself when needed.
+  void prepare(const CheckpointModel& model);
   // Collective over model.ps->world. Phase 1 for progress.iteration; throws CheckpointError on every
   // rank when any rank fails it (and std::logic_error while a save is in flight). Returns the seconds
   // this rank was blocked.
@@ -52,6 +56,9 @@ class CheckpointSaver {
  private:
   struct Pending;
   CheckpointSaveReport commit();
+  // Whether a snapshot of `floats` floats is taken: the pool has them, or growing it takes at most half
+  // the host memory still available.
+  bool snapshot_fits(int64_t floats) const;
 
   Backend& backend_;
   std::string dir_;

@@ -5,7 +5,9 @@
 // synchronous save). Either way the file, its CRCs and its fsync are the same; the commit that makes the
 // files a checkpoint is collective and lives in parallel/checkpoint_save.cpp.
 // The background thread touches nothing of the model: each piece carries copies of its names, shapes
-// and shard, and its values are in the snapshot.
+// and shard, and its values are in the snapshot. It runs at the lowest priority (nice 19), so on a
+// machine whose cores all train (the CPU backend) the write takes the cycles training leaves, not the
+// steps' own.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -43,14 +45,21 @@ class HostBufferPool {
   ~HostBufferPool();
   HostBufferPool(const HostBufferPool&) = delete;
   HostBufferPool& operator=(const HostBufferPool&) = delete;
-  // At least `floats` floats (contents not kept across a growth).
+  // At least `floats` floats (contents not kept across a growth); waits for a prepare() in progress.
   float* reserve(int64_t floats);
+  // Grows the buffer to `floats` and touches every page of it on a thread of its own, so the first
+  // save's copy does not pay the page faults (seconds per GB on some machines).
+  void prepare(int64_t floats);
   int64_t bytes() const { return capacity_ * static_cast<int64_t>(sizeof(float)); }
 
  private:
+  float* grow(int64_t floats);
+
   Backend& backend_;
   float* data_ = nullptr;
   int64_t capacity_ = 0;
+  std::thread preparing_;
+  std::string prepare_error_;  // of the thread: reserve() rethrows it
 };
 
 // Copies every piece's values into `snapshot` at its offset (through the backend: device memory and

@@ -75,9 +75,11 @@ def sigterm_while_a_write_is_in_flight():
     job = Job(MPIRUN, GPT_TRAIN, NP, CONFIG, sets(ckpt, 100000, save_interval=4, keep_last=0), WORK, "term",
               extra_env={"GPT_TRAIN_FAULT_CHECKPOINT_PAUSE": "mid_file@*:4/4"})
     try:
+        pids = job.wait_for_ranks(NP)
         job.wait_for_text(r"checkpoint write of iteration 4 paused at mid_file", timeout=120)
         job.wait_for_iteration(5, timeout=60)
-        os.kill(job.proc.pid, signal.SIGTERM)  # mpirun forwards it to every rank
+        for pid in pids.values():  # as Slurm does (mpirun follows its own SIGTERM with SIGKILL)
+            os.kill(pid, signal.SIGTERM)
         rc = job.wait(60)
         out = job.output()
         assert rc == 0, f"status {rc} after SIGTERM with a write in flight:\n{out[-4000:]}"

@@ -79,7 +79,7 @@ done
 for async in false true; do
   leave_free $((size * 3 / 2))
   expect_disk_full "train_second_async_$async" \
-    "$( [ $async = true ] && echo 'background write of ')$MNT/ck/iter_0000002\.tmp/rank_0000[0-9]\.h5: .*No space left on device" \
+    "$( [ $async = true ] && echo 'written in the background\): .*')$MNT/ck/iter_0000002\.tmp/rank_0000[0-9]\.h5: .*No space left on device" \
     "$BIN" "${TRAIN[@]}" --set training.train_iters=6 --set checkpoint.keep_last=1 \
     --set checkpoint.async_save=$async --set checkpoint.dir="$MNT/ck"
   check_checkpoints "train_second_async_$async" "$MNT/ck" iter_0000001

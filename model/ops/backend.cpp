@@ -1,7 +1,9 @@
-// Backend pieces shared by every implementation (zeros, plain host memory, the composed linear+GELU and add+LayerNorm
-// defaults) and the factory that maps the config's `backend`
-// value to an implementation compiled into this binary.
+// Backend pieces shared by every implementation (zeros, plain host memory, the composed linear+GELU and
+// add+LayerNorm defaults) and the factory that maps the config's `backend` value to an implementation
+// compiled into this binary.
 #include "model/ops/backend.h"
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,8 +18,14 @@
 namespace gpt {
 
 void* Backend::alloc_host(size_t bytes) {
-  void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  // Large buffers in 2 MiB pages where the kernel offers them: first touching a GB takes a fraction of
+  // the page faults.
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
   if (!p) throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+  if (align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);  // a hint: failure changes nothing
   return p;
 }
 
