@@ -58,6 +58,8 @@ LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& grid) {
   l.distributed_optimizer = cfg.parallel.distributed_optimizer;
   l.recompute = parse_recompute(cfg.training.recompute);
   l.dtype = dtype_from_name(cfg.precision.dtype);
+  l.checkpoint_snapshot = cfg.checkpoint.async_save && !cfg.checkpoint.dir.empty();
+  l.snapshot_optimizer_state = cfg.checkpoint.save_optimizer;
   return l;
 }
 

@@ -145,6 +145,7 @@ nlohmann::ordered_json entry_json(const PlanEntry& e) {
             {"grads", m.grads},
             {"optimizer", m.optimizer},
             {"activations", m.activations},
+            {"checkpoint_host", m.checkpoint_host},
             {"pipeline_stage", m.pp_rank}}},
           {"time",
            {{"compute_s", t.compute_s},
@@ -171,6 +172,8 @@ PlanOptions options_from(const Config& cfg, int devices, int devices_per_node) {
   o.sequence_parallel = cfg.parallel.sequence_parallel;
   o.dtype = dtype_of(cfg);
   o.overlaps = gpt_train_overlaps(cfg.backend);  // what the trainer itself overlaps on this backend
+  o.checkpoint_snapshot = cfg.checkpoint.async_save && !cfg.checkpoint.dir.empty();
+  o.snapshot_optimizer_state = cfg.checkpoint.save_optimizer;
   return o;
 }
 
@@ -639,6 +642,7 @@ HardwareSpec probe_cpu(int threads, int devices_per_node) {
   while (meminfo >> key >> kb)
     if (key == "MemTotal:") break;
   hw.memory_gib = kb > 0 ? kb / 1024.0 / 1024.0 / devices_per_node : 1;
+  hw.host_memory_is_device_memory = true;
   hw.memory_reserved_gib = std::min(1.0, hw.memory_gib / 4);
   hw.validate();
   return hw;

@@ -154,7 +154,7 @@ void remove_interrupted_saves(const std::string& dir) {
 }
 
 std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last,
-                                       std::vector<std::string>* notes) {
+                                       std::vector<std::string>* notes, std::vector<std::string>* doomed_dirs) {
   std::vector<std::string> deleted;
   if (keep_last <= 0) return deleted;
   std::error_code ec;
@@ -184,7 +184,8 @@ std::vector<std::string> prune_lineage(const std::string& dir, const std::string
     // looks complete; a failure is reported, not fatal: the new checkpoint is already committed.
     const fs::path from = fs::path(dir) / chain[i], doomed = fs::path(dir) / (chain[i] + ".deleting");
     fs::rename(from, doomed, ec);
-    if (!ec) fs::remove_all(doomed, ec);
+    if (!ec && doomed_dirs) doomed_dirs->push_back(doomed.string());
+    else if (!ec) fs::remove_all(doomed, ec);
     if (ec) {
       if (notes) notes->push_back("could not delete " + chain[i] + ": " + ec.message());
       ec.clear();
@@ -210,7 +211,7 @@ std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration) {
 }
 
 std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last,
-                                  std::vector<std::string>* notes) {
+                                  std::vector<std::string>* notes, std::vector<std::string>* doomed) {
   const std::string name = iteration_dir_name(meta.iteration);
   const fs::path final_dir = fs::path(dir) / name;
   const fs::path tmp = fs::path(dir) / (name + ".tmp");
@@ -232,7 +233,7 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
     fs::rename(tmp, final_dir);
     fsync_path(dir);
     write_file_durably((fs::path(dir) / kLatestFile).string(), name + "\n");
-    prune_lineage(dir, name, keep_last, notes);
+    prune_lineage(dir, name, keep_last, notes, doomed);
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": committing " + name + ": " + e.what());
   }

@@ -222,16 +222,20 @@ std::string printable(const std::string& text, size_t max = 80);
 // iter_NNNNNNN.abandoned (then .abandoned.2, ...), which is never loaded or pruned. Returns the final
 // directory; `notes` receives what the caller should log (abandoned and pruned directories).
 std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration);
+// `doomed`: as for prune_lineage.
 std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last,
-                                  std::vector<std::string>* notes = nullptr);
+                                  std::vector<std::string>* notes = nullptr, std::vector<std::string>* doomed = nullptr);
 
 // Deletes, of the lineage that ends at `newest` (that checkpoint and those its `parent` links reach in
 // `dir`), every checkpoint beyond the newest `keep_last` (0 keeps all), never the one `latest` names.
 // Checkpoints outside the lineage (an abandoned branch, another run's) are never touched. Returns the
 // names deleted; `notes` receives a line per deletion and per deletion that failed (not an error: the
-// newest checkpoint is committed already).
+// newest checkpoint is committed already). With `doomed`, each one is only renamed to NAME.deleting
+// (out of the complete names at once) and its path appended there, for the caller to delete off the
+// training thread; a save deletes any left over (remove_interrupted_saves).
 std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last,
-                                       std::vector<std::string>* notes = nullptr);
+                                       std::vector<std::string>* notes = nullptr,
+                                       std::vector<std::string>* doomed = nullptr);
 // Removes leftover `iter_*.tmp` staging directories of interrupted saves.
 void remove_interrupted_saves(const std::string& dir);
 

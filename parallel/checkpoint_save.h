@@ -9,7 +9,8 @@
 //  2. each rank's write finishes on its own, with the same file, CRCs and fsync either way;
 //  3. commit (collective): once every rank's file is complete and durable, agreed over the world at
 //     poll() after a step or at wait(), rank 0 writes metadata.yaml, renames the directory, moves
-//     `latest` and only then prunes to keep_last. A failure on any rank (a full disk, an I/O error, a
+//     `latest` and only then prunes to keep_last (after a step, the pruned directories are renamed out of
+//     the complete names at once and deleted on a thread of rank 0's own). A failure on any rank (a full disk, an I/O error, a
 //     lost directory lock) is the same CheckpointError on every rank, naming the file, and nothing is
 //     renamed, moved or pruned: `latest` keeps naming the last committed checkpoint.
 // At most one save is in flight: start() refuses while one is, so callers wait() first.
@@ -18,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "parallel/checkpoint.h"
@@ -55,7 +57,9 @@ class CheckpointSaver {
 
  private:
   struct Pending;
-  CheckpointSaveReport commit();
+  // The collective commit; `defer_deletion`: the pruned directories are deleted in the background (a
+  // commit at poll()), else before it returns.
+  CheckpointSaveReport commit(bool defer_deletion);
   // Whether a snapshot of `floats` floats is taken: the pool has them, or growing it takes at most half
   // the host memory still available.
   bool snapshot_fits(int64_t floats) const;
@@ -66,6 +70,7 @@ class CheckpointSaver {
   bool async_;
   HostBufferPool pool_;
   BackgroundRankWriter writer_;
+  std::thread deleter_;  // rank 0: removes the directories a commit pruned, off the training thread
   std::unique_ptr<Pending> pending_;
 };
 

@@ -24,6 +24,7 @@ struct HardwareSpec {
                                     // FLOPs (a causal kernel skipping the masked half can exceed 1); 0 = the
                                     // GEMM table's best entry
   double memory_gib = 0;            // device memory
+  bool host_memory_is_device_memory = false;  // a CPU: host buffers (checkpoint snapshots) take from it too
   double memory_reserved_gib = 0;   // not available to tensors (runtime, communication buffers, fragmentation)
   double memory_bandwidth_gbs = 0;
   double memory_efficiency = 0.8;

@@ -286,6 +286,19 @@ MemoryEstimate estimate_memory(const ModelDescription& m, const LayoutSpec& l, i
     else if (g != 4) fp32_grad_copies += covered * 4;  // the optimizer step's fp32 copies of 16-bit gradients
   }
   optimizer_transient = std::max(optimizer_transient, fp32_grad_copies);
+  if (l.checkpoint_snapshot) {
+    // What this rank saves: the optimizer segments' elements (dp rank 0's, the fullest), less the tied
+    // copy of the word embedding on a last stage of its own, at 4 bytes for each stored kind.
+    int64_t saved = 0;
+    for (int64_t n : chunk_parameter_counts(m, l, pp_rank)) {
+      const int64_t buffer = padded(n, l.dp);
+      saved += sharded ? std::min<int64_t>(n, buffer / l.dp) : n;
+    }
+    if (pp_rank == l.pp - 1 && l.pp > 1 && !m.untie_embeddings)
+      saved -= std::min<int64_t>(saved, m.padded_vocab(l.tp) / l.tp * m.hidden / (sharded ? l.dp : 1));
+    const int64_t kinds = 1 + (l.dtype == DType::F32 ? 0 : 1) + (l.snapshot_optimizer_state ? 2 : 0);
+    e.checkpoint_host = saved * kinds * 4;
+  }
   // The LM head's own gradient of the tied table when one stage holds both ends (an untied output layer
   // accumulates into its own gradient buffer).
   if (l.pp == 1 && !m.untie_embeddings) e.grads += m.padded_vocab(l.tp) / l.tp * m.hidden * g;
@@ -383,9 +396,10 @@ std::string format_memory_estimate(const ModelDescription& m, const LayoutSpec& 
   for (const auto& [r, e] : stages) {
     out += fmt::format(
         "{}predicted memory per rank, pipeline stage {} of {}: weights {} + grads {} + optimizer {} + activations {} "
-        "(peak of the step; {} chunk pass(es) in flight, {} saved each) = {}",
+        "(peak of the step; {} chunk pass(es) in flight, {} saved each) = {}{}",
         out.empty() ? "" : "\n", r, l.pp, format_bytes(e.weights), format_bytes(e.grads), format_bytes(e.optimizer),
-        format_bytes(e.activations), e.in_flight, format_bytes(e.activation_cache), format_bytes(e.total()));
+        format_bytes(e.activations), e.in_flight, format_bytes(e.activation_cache), format_bytes(e.total()),
+        e.checkpoint_host ? "; host memory for checkpoint snapshots " + format_bytes(e.checkpoint_host) : "");
   }
   return out;
 }

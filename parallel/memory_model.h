@@ -73,6 +73,10 @@ struct LayoutSpec {
   bool materialized_attention = false;
   // Communication that runs beside compute (parallel/overlap.h). Time only.
   Overlaps overlaps;
+  // Asynchronous checkpoint saves (checkpoint.async_save with a checkpoint.dir): each rank holds a host
+  // snapshot of what it saves (MemoryEstimate::checkpoint_host); with or without the Adam moments.
+  bool checkpoint_snapshot = false;
+  bool snapshot_optimizer_state = true;
   int64_t microbatches() const { return global_batch / (micro_batch * dp); }
   int world() const { return tp * pp * dp; }
   // "tp=2 pp=2 vpp=1 dp=1 mb=4 recompute=none dist_opt=off"
@@ -96,6 +100,11 @@ struct MemoryEstimate {
   int64_t activation_cache = 0;  // saved tensors of one microbatch through one chunk of this stage
   int64_t in_flight = 0;         // the most chunk passes whose saved tensors are held at once
   int64_t parameters = 0;        // parameters this rank holds (its shards, unpadded)
+  // Host memory, not device memory: the snapshot of asynchronous checkpoint saves (parallel/
+  // checkpoint_writer.h), 4 bytes per element this rank saves: values, fp32 master weights when the
+  // compute dtype is not fp32, and the two Adam moments unless they are not saved; the word embedding's
+  // tied copy on the last stage is not saved. 0 without LayoutSpec::checkpoint_snapshot.
+  int64_t checkpoint_host = 0;
   int64_t static_bytes() const { return weights + grads + optimizer; }
   int64_t total() const { return static_bytes() + activations; }
 };

@@ -12,7 +12,9 @@ PlanEntry evaluate_layout(const ModelDescription& m, const LayoutSpec& l, const 
   e.layout = l;
   e.memory = estimate_peak_memory(m, l, sends);
   e.time = estimate_time(m, l, hw);
-  e.fits = static_cast<double>(e.memory.total()) <= hw.usable_memory_bytes();
+  // A CPU's device memory is the host's: the checkpoint snapshot takes from it too.
+  const int64_t host = hw.host_memory_is_device_memory ? e.memory.checkpoint_host : 0;
+  e.fits = static_cast<double>(e.memory.total() + host) <= hw.usable_memory_bytes();
   return e;
 }
 
@@ -79,6 +81,8 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
               l.p2p_scatter_gather = o.p2p_scatter_gather;
               l.materialized_attention = o.materialized_attention;
               l.overlaps = applicable_overlaps(o.overlaps, l);
+              l.checkpoint_snapshot = o.checkpoint_snapshot;
+              l.snapshot_optimizer_state = o.snapshot_optimizer_state;
               plan.layouts.push_back(evaluate_layout(m, l, hw, o.send_buffers));
             }
         }

@@ -36,6 +36,9 @@ struct PlanOptions {
   // Communication assumed to run beside compute; each layout gets the members that apply to it
   // (applicable_overlaps).
   Overlaps overlaps;
+  // Asynchronous checkpoint saves: each layout's host snapshot is estimated (LayoutSpec).
+  bool checkpoint_snapshot = false;
+  bool snapshot_optimizer_state = true;
 };
 
 struct PlanEntry {

@@ -5,7 +5,8 @@
 # weights + Adam moments = 12 bytes per parameter on disk, ~16 GB of memory while training, which is
 # what a 24 GB machine shared with other work can hold; --layers N changes the layer count).
 #
-# Each case trains one step with checkpoint.dir set (the save after the last step is timed by gpt-train
+# Each case trains one step with checkpoint.dir set and synchronous saves (the training-step stall of
+# asynchronous ones is scripts/bench_checkpoint_async.sh's; the save after the last step is timed by gpt-train
 # itself: rank files written and fsynced, metadata, rename, `latest`), then evicts the checkpoint from
 # the page cache and starts again from it (the load is timed likewise: index validation, reads, CRC
 # checks, copies into the model). The disk is shared and its speed drifts, so dd runs right before and
@@ -69,7 +70,7 @@ run_case() {
   printf '%s\n' \
     "model: {num_layers: $layers, hidden_size: $hidden, num_heads: $heads, seq_length: 256, vocab_size: 50304}" \
     "training: {micro_batch_size: 1, global_batch_size: 1, train_iters: 1}" \
-    "checkpoint: {dir: $dir, keep_last: 1}" \
+    "checkpoint: {dir: $dir, keep_last: 1, async_save: false}" \
     "logging: {interval: 1}" > "$cfg"
   # Parameters x 12 bytes (fp32 values and two moments): what dd writes before the save.
   local estimate

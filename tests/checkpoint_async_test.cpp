@@ -10,8 +10,10 @@
 #include <set>
 #include <thread>
 
+#include "app/config_model.h"
 #include "checkpoint_test_util.h"
 #include "parallel/checkpoint_save.h"
+#include "parallel/memory_model.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;
@@ -157,6 +159,33 @@ TEST(CheckpointAsync, SavesAtEveryStepNeverOverlapAndPruneOnlyAfterTheCommit) {
   EXPECT_EQ(trimmed_latest(tmp.path), iteration_dir_name(6));
   EXPECT_TRUE(fs::exists(tmp.path + "/" + iteration_dir_name(6) + "/metadata.yaml"));
   EXPECT_FALSE(fs::exists(tmp.path + "/" + iteration_dir_name(5)));
+}
+
+// The memory model's host snapshot (MemoryEstimate::checkpoint_host) against the buffer a run holds:
+// equal up to the 64-byte alignment of each piece, for fp32 (values and moments) and bf16 (plus masters).
+TEST(CheckpointAsync, MemoryModelCountsTheSnapshotBuffer) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    Config cfg = small_config();
+    cfg.precision.dtype = dtype;
+    cfg.training.train_iters = 2;
+    cfg.checkpoint.save_interval = 1;
+    ParallelState ps = single_process_state();
+    const TempDir tmp("model");
+    cfg.checkpoint.dir = tmp.path;
+    auto be = make_backend("cpu");
+    Trainer t(cfg, ps, *be);
+    t.train();
+    const MemoryEstimate e =
+        estimate_memory(model_description_from_config(cfg), layout_spec_from_config(cfg, ps.layout), 0);
+    const int64_t pieces = static_cast<int64_t>(index_of(tmp.path + "/" + iteration_dir_name(2)).files.at(0).pieces.size());
+    EXPECT_GT(e.checkpoint_host, 0) << dtype;
+    EXPECT_GE(t.checkpoint_host_buffer_bytes(), e.checkpoint_host) << dtype;
+    EXPECT_LE(t.checkpoint_host_buffer_bytes(), e.checkpoint_host + 64 * pieces) << dtype;
+    cfg.checkpoint.async_save = false;  // synchronous saves hold no snapshot
+    EXPECT_EQ(estimate_memory(model_description_from_config(cfg), layout_spec_from_config(cfg, ps.layout), 0)
+                  .checkpoint_host,
+              0);
+  }
 }
 
 }  // namespace
