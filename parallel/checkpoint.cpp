@@ -15,14 +15,15 @@ namespace gpt {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Every rank passes its own error ("" when fine); all throw the lowest failing rank's message, or none.
-void agree(Communicator& comm, const std::string& error) { agree_or_throw<CheckpointError>(comm, error); }
+void agree_on_checkpoint(Communicator& comm, const std::string& error) {
+  agree_or_throw<CheckpointError>(comm, error);
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+namespace {
 
 bool compatible_shapes(const std::string& name, const Shape& saved, const Shape& current, int64_t vocab) {
   if (saved == current) return true;
@@ -216,7 +217,7 @@ std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::strin
   } catch (const std::exception& e) {
     error = rank_prefix(world) + e.what();
   }
-  agree(world, error);
+  agree_on_checkpoint(world, error);
   double total = static_cast<double>(bytes);
   world.all_reduce_host(&total, 1);
   report.bytes_read = static_cast<int64_t>(total);

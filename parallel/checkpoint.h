@@ -13,6 +13,7 @@
 // needs (values for its whole local shards, optimizer state for its own segments). Any error on any rank
 // is gathered and rethrown identically on all ranks.
 #pragma once
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -98,6 +99,12 @@ struct CheckpointLoadReport {
 // CheckpointError identically on every rank on any mismatch or damage.
 std::optional<CheckpointLoadReport> load_distributed_checkpoint(const std::string& path, bool required,
                                                                 const CheckpointModel& model);
+
+// Shared by saving and loading: every rank passes its own error ("" when fine), and all throw the lowest
+// failing rank's message as a CheckpointError, or none (collective over `comm`).
+void agree_on_checkpoint(Communicator& comm, const std::string& error);
+// Seconds on the steady clock since `t0`.
+double seconds_since(std::chrono::steady_clock::time_point t0);
 
 // The local element range [begin, end) of its parameter that an optimizer segment covers.
 std::pair<int64_t, int64_t> segment_range(const OptimizerSegment& segment);

@@ -18,12 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void agree(Communicator& comm, const std::string& error) { agree_or_throw<CheckpointError>(comm, error); }
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // The pieces this rank writes: each optimizer segment (the whole parameter, or with ZeRO-1 this
 // data-parallel rank's part) gives its model values, fp32 master weights (when distinct from the values)
 // and Adam moments, written by data-parallel rank 0 only when the state is replicated over dp;
@@ -168,7 +162,7 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
       error = e.what();
     }
   }
-  agree(world, error);
+  agree_on_checkpoint(world, error);
 
   // This rank's pieces: copied into the snapshot for the background, or written now.
   std::vector<RankPiece> pieces = rank_pieces(m);
@@ -182,7 +176,7 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
       float* snapshot = pool_.reserve(floats);
       copy_to_snapshot(backend_, pieces, snapshot);
       p->snapshot_bytes = floats * static_cast<int64_t>(sizeof(float));
-      writer_.start(file, m.ps->rank, progress.iteration, std::move(pieces), snapshot);
+      writer_.start(file, dir_, m.ps->rank, progress.iteration, std::move(pieces), snapshot);
       p->in_background = true;
     } else {
       const auto t0 = std::chrono::steady_clock::now();
@@ -205,7 +199,7 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
     error = rank_prefix(world) + "saving checkpoint " + p->staging + ": " + e.what();
   }
   try {
-    agree(world, error);
+    agree_on_checkpoint(world, error);
   } catch (...) {
     writer_.cancel();  // another rank failed: this rank's copy is never committed
     throw;
@@ -245,9 +239,9 @@ CheckpointSaveReport CheckpointSaver::commit(bool defer_deletion) {
   // still writing cancel theirs.
   const std::string how = p->snapshot_bytes > 0 ? " (written in the background)" : "";
   try {
-    agree(world, p->result.error.empty() ? ""
-                                         : rank_prefix(world) + "saving checkpoint " + p->staging + how + ": " +
-                                               p->result.error);
+    agree_on_checkpoint(world, p->result.error.empty() ? ""
+                                                       : rank_prefix(world) + "saving checkpoint " + p->staging + how +
+                                                             ": " + p->result.error);
   } catch (...) {
     writer_.cancel();
     throw;
@@ -285,7 +279,7 @@ CheckpointSaveReport CheckpointSaver::commit(bool defer_deletion) {
       error = e.what();
     }
   }
-  agree(world, error);
+  agree_on_checkpoint(world, error);
   r.path = broadcast_string(world, r.path, 0);
   // Totals over the world: bytes, snapshot bytes and ranks that fell back; the slowest rank's phases.
   double sums[3] = {static_cast<double>(bytes), static_cast<double>(p->snapshot_bytes), p->fell_back ? 1.0 : 0.0};

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fmt/format.h>
 
 #include "parallel/checkpoint_lock.h"
@@ -132,13 +131,14 @@ void BackgroundRankWriter::cancel() {
   if (thread_.joinable()) thread_.join();
 }
 
-void BackgroundRankWriter::start(std::string path, int rank, int64_t iteration, std::vector<RankPiece> pieces,
-                                 const float* snapshot) {
+void BackgroundRankWriter::start(std::string path, std::string dir, int rank, int64_t iteration,
+                                 std::vector<RankPiece> pieces, const float* snapshot) {
   if (thread_.joinable()) throw std::logic_error("BackgroundRankWriter::start: a write is still in flight");
   finished_ = false;
   cancel_ = false;
   result_ = RankWriteResult();
-  thread_ = std::thread([this, path = std::move(path), rank, iteration, pieces = std::move(pieces), snapshot] {
+  thread_ = std::thread([this, path = std::move(path), dir = std::move(dir), rank, iteration,
+                         pieces = std::move(pieces), snapshot] {
     const auto t0 = std::chrono::steady_clock::now();
     yield_to_training();
     try {
@@ -146,7 +146,7 @@ void BackgroundRankWriter::start(std::string path, int rank, int64_t iteration, 
           path, rank, iteration, pieces, [&](size_t i) { return snapshot + pieces[i].offset; }, result_.wrote,
           &cancel_);
       // The lock may have been taken over while the file was written (this process stopped, say).
-      require_lock_held_if_locked(std::filesystem::path(path).parent_path().parent_path().string());
+      require_lock_held_if_locked(dir);
     } catch (const std::exception& e) {
       result_.error = e.what();
     }

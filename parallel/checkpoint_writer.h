@@ -90,8 +90,10 @@ class BackgroundRankWriter {
   BackgroundRankWriter(const BackgroundRankWriter&) = delete;
   BackgroundRankWriter& operator=(const BackgroundRankWriter&) = delete;
 
-  // `snapshot` must stay valid and unchanged until join() returns.
-  void start(std::string path, int rank, int64_t iteration, std::vector<RankPiece> pieces, const float* snapshot);
+  // `snapshot` must stay valid and unchanged until join() returns. Once the file is durable, the write
+  // checks that this process still holds checkpoint directory `dir`'s lock, if it took one.
+  void start(std::string path, std::string dir, int rank, int64_t iteration, std::vector<RankPiece> pieces,
+             const float* snapshot);
   bool active() const { return thread_.joinable(); }
   bool finished() const { return finished_.load(std::memory_order_acquire); }
   // Waits for the write and returns its outcome.

@@ -16,7 +16,9 @@
 #    and its ratio to the synchronous save (goal: at most 0.10);
 #  - the window's seconds per step with no saves, with sync saves and with async saves, and the async
 #    one's ratio to no saves (goal: at most 1.05): what the background write costs the steps it overlaps
-#    (on two cores it competes with training for them).
+#    (on two cores it competes with training for them), and a next save's wait for a write still running
+#    when INTERVAL steps are shorter than the write;
+#  - what each save added to the window against no saves, sync and async.
 #
 # usage: scripts/bench_checkpoint_async.sh [--only 124M|2G] [--interval K] [--saves N] [BUILD_DIR] [WORK_DIR]
 #   defaults: both cases, a save every 10 steps, 3 saves in the window; WORK_DIR (default: a new directory
@@ -96,8 +98,8 @@ checkpoint_mb() {
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 echo "checkpoint stall on $cpu ($(getconf _NPROCESSORS_ONLN) cores), $(df -h --output=source,fstype "$work" | tail -1 | tr -s ' '), one rank"
 echo "a save every $interval steps, $saves saves in a window of $(( steps - interval )) steps"
-printf "%-5s %6s | %8s %8s %8s %6s | %9s %9s %9s %6s\n" case MB "sync s" "async s" "write s" ratio \
-  "none s/st" "sync s/st" "async s/st" ratio
+printf "%-5s %6s | %8s %8s %8s %6s | %9s %9s %9s %6s | %8s %8s\n" case MB "sync s" "async s" "write s" ratio \
+  "none s/st" "sync s/st" "async s/st" ratio "sync +s" "async +s"
 case_row() {
   local name=$1 layers=$2
   run "$name-none" "$layers" none
@@ -107,12 +109,13 @@ case_row() {
   awk -v n="$name" -v mb="$(checkpoint_mb "$work/$name-sync.log")" -v s="$(sync_save_s "$work/$name-sync.log")" \
       -v a="$(async_stall_s "$work/$name-async.log")" -v w="$(async_write_s "$work/$name-async.log")" \
       -v t0="$(window "$work/$name-none.log")" -v ts="$(window "$work/$name-sync.log")" \
-      -v ta="$(window "$work/$name-async.log")" -v k="$per" 'BEGIN {
-    printf "%-5s %6d | %8.3f %8.3f %8.3f %6.3f | %9.3f %9.3f %9.3f %6.3f\n",
-           n, mb, s, a, w, a / s, t0 / k, ts / k, ta / k, ta / t0 }'
+      -v ta="$(window "$work/$name-async.log")" -v k="$per" -v sv="$saves" 'BEGIN {
+    printf "%-5s %6d | %8.3f %8.3f %8.3f %6.3f | %9.3f %9.3f %9.3f %6.3f | %8.3f %8.3f\n",
+           n, mb, s, a, w, a / s, t0 / k, ts / k, ta / k, ta / t0, (ts - t0) / sv, (ta - t0) / sv }'
 }
 if [[ -z "$only" || "$only" == "124M" ]]; then case_row 124M 12; fi
 if [[ -z "$only" || "$only" == "2G" ]]; then case_row 2G 24; fi
 echo "(sync s: mean time a synchronous save blocks training; async s: the same for an asynchronous save (copy"
 echo " + commit); write s: its background write; ratio: async s / sync s (goal <= 0.10). s/st: seconds per"
-echo " step over the window, saves included; ratio: async / none (goal <= 1.05))"
+echo " step over the window, saves included; ratio: async / none (goal <= 1.05). +s: what each save added to"
+echo " the window against no saves: blocking, waiting for a write still running, and the steps it slowed)"

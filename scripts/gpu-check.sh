@@ -9,6 +9,8 @@
 #   4. throughput of a GPT-2 124M-like and a GPT-3 1.3B-like model on one GPU in bf16 with synthetic
 #      data: tokens/s, TFLOP/s, MFU, first and last loss and grad norm, NaN or skipped steps, memory;
 #   4c. where the 1.3B step's GPU time goes, op by op (GPT_CUDA_PROFILE=1, 4 iterations);
+#   4d. an asynchronous checkpoint save of the 1.3B model: the device-to-host copy into the pinned
+#       snapshot (the training stall), the commit, and the background write, from gpt-train's log line;
 #   5. key/value-cached generation from the 124M run's weights (tokens/s).
 # A failing test binary runs once more with CUDA_LAUNCH_BLOCKING=1 and GPT_CUDA_SYNC_CHECKS=1 (every launch
 # and library call waited for and checked) to name the faulting op; NCCL_DEBUG=WARN.
@@ -306,6 +308,29 @@ op_profile() {
   return "$rc"
 }
 
+# 4d. The 1.3B model for 5 iterations with an asynchronous save after iteration 4 (and the final one):
+# the save's log line gives the blocking device-to-host copy into the pinned snapshot, the background
+# write and the commit. Weights and fp32 masters only (checkpoint.save_optimizer false: 10.4 GB per
+# checkpoint, keep_last 1), so two checkpoints fit the machine's disk.
+checkpoint_stall() {
+  local ckpt=/tmp/gpt-bench-ckpt-async
+  rm -rf "$ckpt"
+  timeout 150 "$GPT_TRAIN" train --config "$ROOT/configs/gpt2-1.3b.yaml" --set backend=cuda \
+    --set precision.dtype=bf16 --set parallel.tensor=1 --set parallel.pipeline=1 \
+    --set parallel.sequence_parallel=false --set parallel.distributed_optimizer=false \
+    --set training.micro_batch_size=8 --set training.global_batch_size=16 --set training.train_iters=5 \
+    --set optimizer.warmup_iters=1 --set data.train=[] --set data.synthetic=random --set eval.interval=0 \
+    --set checkpoint.dir="$ckpt" --set checkpoint.save_interval=4 --set checkpoint.keep_last=1 \
+    --set checkpoint.save_optimizer=false --set checkpoint.async_save=true --set logging.interval=1 \
+    --set logging.metrics_file= >"$LOG/checkpoint-stall.log" 2>&1
+  local rc=$?
+  rm -rf "$ckpt"
+  STALL=$(grep -m1 -oE "at iteration 4: [0-9]+ bytes \| blocking copy .*" "$LOG/checkpoint-stall.log" ||
+          echo "no save logged (exit $rc)")
+  echo "$STALL"
+  return "$rc"
+}
+
 TIMINGS=()
 timed() {  # NAME COMMAND...: runs one step, records its seconds and exit status
   local name=$1 t0
@@ -350,6 +375,11 @@ run_checks() {
     timed "4c. per-op GPU time, gpt2-1.3b (GPT_CUDA_PROFILE=1, 4 iterations)" op_profile
   fi
 
+  STALL="not run (--quick, or out of time)"
+  if [ "$QUICK" = no ] && [ "$(left)" -gt 120 ]; then
+    timed "4d. asynchronous checkpoint save, gpt2-1.3b (copy to pinned memory, write, commit)" checkpoint_stall
+  fi
+
   # 5. Generation from the 124M benchmark's weights: key/value-cached decoding on the GPU.
   local generated="not run (no checkpoint, --quick, or out of time)"
   if [ "$QUICK" = no ] && [ -d /tmp/gpt-bench-ckpt-gpt2-124m ] && [ "$(left)" -gt 60 ]; then
@@ -367,6 +397,7 @@ run_checks() {
     echo "GPU tests: cuda_ops_test exit $ops_rc, CUDA-vs-CPU training exit $train_rc, one-GPU layouts exit $layout_rc, nccl_test exit $nccl_rc" \
          "(logs in $LOG)"
     echo "generate (gpt2-124m, bf16, cached decoding): $generated"
+    echo "async checkpoint save (gpt2-1.3b, weights + fp32 masters): $STALL"
     echo "MFU = (6 N + 12 L h s) * tokens/s / $PEAK  (H100/H200 dense bf16 peak; one GPU, synthetic data)"
     printf "%-10s | %-7s | %-10s | %-7s | %-6s | %-17s | %-17s | %-8s | %s\n" model params tokens/s TFLOP/s MFU \
       "loss first->last" "gnorm first->last" "mem peak" notes
