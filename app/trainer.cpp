@@ -214,6 +214,7 @@ std::vector<StepStats> Trainer::train() {
   // The last iteration is always saved when there is a checkpoint directory (once, if it was just saved).
   if (!cfg_.checkpoint.dir.empty() && !all.empty() && saved_at != iteration_) save_unless_nonfinite();
   finish_checkpoint();  // the run ends with its last save committed
+  if (saver_) saver_->settle();  // and pruned
   return all;
 }
 

@@ -94,6 +94,7 @@ TokenizerRecord tokenizer_record_from_config(const Config& cfg, std::map<std::st
 void Trainer::save_checkpoint() {
   start_checkpoint();
   finish_checkpoint();
+  saver_->settle();  // and pruned
 }
 
 CheckpointSaver& Trainer::saver() {

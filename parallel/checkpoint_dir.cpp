@@ -144,11 +144,11 @@ std::vector<std::string> complete_checkpoints(const std::string& dir) {
   return out;
 }
 
-void remove_interrupted_saves(const std::string& dir) {
-  static const std::regex staging("iter_[0-9]+\\.(tmp|deleting)");
+void remove_interrupted_saves(const std::string& dir, bool deletions) {
+  static const std::regex staging("iter_[0-9]+\\.(tmp|deleting)"), tmp_only("iter_[0-9]+\\.tmp");
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_directory() && std::regex_match(entry.path().filename().string(), staging))
+    if (entry.is_directory() && std::regex_match(entry.path().filename().string(), deletions ? staging : tmp_only))
       fs::remove_all(entry.path(), ec);
   if (ec) throw CheckpointError("cannot list checkpoint directory " + dir + ": " + ec.message());
 }
@@ -197,12 +197,12 @@ std::vector<std::string> prune_lineage(const std::string& dir, const std::string
   return deleted;
 }
 
-std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration) {
+std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration, bool remove_deletions) {
   const fs::path tmp = fs::path(dir) / (iteration_dir_name(iteration) + ".tmp");
   require_lock_held_if_locked(dir);
   try {
     fs::create_directories(dir);
-    remove_interrupted_saves(dir);
+    remove_interrupted_saves(dir, remove_deletions);
     fs::create_directory(tmp);
   } catch (const std::exception& e) {
     throw CheckpointError("checkpoint " + dir + ": cannot create " + tmp.string() + ": " + e.what());

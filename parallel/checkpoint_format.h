@@ -221,7 +221,8 @@ std::string printable(const std::string& text, size_t max = 80);
 // already there (left by an abandoned lineage after a rollback) is never overwritten: it is renamed to
 // iter_NNNNNNN.abandoned (then .abandoned.2, ...), which is never loaded or pruned. Returns the final
 // directory; `notes` receives what the caller should log (abandoned and pruned directories).
-std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration);
+// `remove_deletions` false leaves the NAME.deleting directories of a pruning still under way alone.
+std::string begin_checkpoint_dir(const std::string& dir, int64_t iteration, bool remove_deletions = true);
 // `doomed`: as for prune_lineage.
 std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& meta, int64_t keep_last,
                                   std::vector<std::string>* notes = nullptr, std::vector<std::string>* doomed = nullptr);
@@ -236,7 +237,8 @@ std::string commit_checkpoint_dir(const std::string& dir, const CheckpointMeta& 
 std::vector<std::string> prune_lineage(const std::string& dir, const std::string& newest, int64_t keep_last,
                                        std::vector<std::string>* notes = nullptr,
                                        std::vector<std::string>* doomed = nullptr);
-// Removes leftover `iter_*.tmp` staging directories of interrupted saves.
-void remove_interrupted_saves(const std::string& dir);
+// Removes leftover `iter_*.tmp` staging directories of interrupted saves, and (`deletions`) the
+// `iter_*.deleting` ones of interrupted prunings.
+void remove_interrupted_saves(const std::string& dir, bool deletions = true);
 
 }  // namespace gpt

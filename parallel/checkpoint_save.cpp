@@ -120,9 +120,7 @@ struct CheckpointSaver::Pending {
 CheckpointSaver::CheckpointSaver(Backend& backend, std::string dir, int64_t keep_last, bool async)
     : backend_(backend), dir_(std::move(dir)), keep_last_(keep_last), async_(async), pool_(backend) {}
 
-CheckpointSaver::~CheckpointSaver() {
-  if (deleter_.joinable()) deleter_.join();
-}
+CheckpointSaver::~CheckpointSaver() { settle(); }
 
 bool CheckpointSaver::snapshot_fits(int64_t floats) const {
   const int64_t grow = floats * static_cast<int64_t>(sizeof(float)) - pool_.bytes();
@@ -155,8 +153,10 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
   p->id = broadcast_string(world, world.rank() == 0 ? random_token() : "", 0);
   if (world.rank() == 0) {
     try {
-      if (deleter_.joinable()) deleter_.join();  // the last commit's pruning is done before anything else
-      begin_checkpoint_dir(dir_, progress.iteration);
+      // A pruning still under way keeps its directories; its thread is waited for only once done.
+      const bool deleting = deleter_.joinable() && !deletions_done_;
+      if (deleter_.joinable() && !deleting) deleter_.join();
+      begin_checkpoint_dir(dir_, progress.iteration, !deleting);
       p->index = index_skeleton(m, progress, p->id, p->staging);
     } catch (const std::exception& e) {
       error = e.what();
@@ -220,7 +220,7 @@ std::optional<CheckpointSaveReport> CheckpointSaver::poll() {
   state[1] = pending_->result.error.empty() ? 0.0 : 1.0;
   pending_->world->all_reduce_host(state, 2, ReduceOp::Max);
   if (state[1] == 0 && state[0] > 0) return std::nullopt;
-  return commit(true);  // or the failure, on every rank
+  return commit();  // or the failure, on every rank
 }
 
 std::optional<CheckpointSaveReport> CheckpointSaver::wait() {
@@ -229,10 +229,14 @@ std::optional<CheckpointSaveReport> CheckpointSaver::wait() {
     pending_->result = writer_.join();
     pending_->in_background = false;
   }
-  return commit(false);
+  return commit();
 }
 
-CheckpointSaveReport CheckpointSaver::commit(bool defer_deletion) {
+void CheckpointSaver::settle() {
+  if (deleter_.joinable()) deleter_.join();
+}
+
+CheckpointSaveReport CheckpointSaver::commit() {
   std::unique_ptr<Pending> p = std::move(pending_);  // whatever happens below, this save is over
   Communicator& world = *p->world;
   // A failed write on any rank: the same error everywhere; nothing is renamed, moved or pruned. Ranks
@@ -270,11 +274,12 @@ CheckpointSaveReport CheckpointSaver::commit(bool defer_deletion) {
       if (deleter_.joinable()) deleter_.join();
       std::vector<std::string> doomed;
       r.path = commit_checkpoint_dir(dir_, meta, keep_last_, &r.notes, &doomed);
-      deleter_ = std::thread([doomed] {
-        std::error_code ec;  // what is left is deleted by the next save (remove_interrupted_saves)
+      deletions_done_ = false;
+      deleter_ = std::thread([this, doomed] {
+        std::error_code ec;  // what is left is deleted by a later save (remove_interrupted_saves)
         for (const std::string& d : doomed) fs::remove_all(d, ec);
+        deletions_done_ = true;
       });
-      if (!defer_deletion) deleter_.join();
     } catch (const std::exception& e) {
       error = e.what();
     }

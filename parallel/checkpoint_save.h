@@ -9,12 +9,13 @@
 //  2. each rank's write finishes on its own, with the same file, CRCs and fsync either way;
 //  3. commit (collective): once every rank's file is complete and durable, agreed over the world at
 //     poll() after a step or at wait(), rank 0 writes metadata.yaml, renames the directory, moves
-//     `latest` and only then prunes to keep_last (after a step, the pruned directories are renamed out of
-//     the complete names at once and deleted on a thread of rank 0's own). A failure on any rank (a full disk, an I/O error, a
+//     `latest` and only then prunes to keep_last (the pruned directories are renamed out of the complete
+//     names at once and deleted on a thread of rank 0's own). A failure on any rank (a full disk, an I/O error, a
 //     lost directory lock) is the same CheckpointError on every rank, naming the file, and nothing is
 //     renamed, moved or pruned: `latest` keeps naming the last committed checkpoint.
 // At most one save is in flight: start() refuses while one is, so callers wait() first.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -52,14 +53,15 @@ class CheckpointSaver {
   std::optional<CheckpointSaveReport> poll();
   // Collective: waits for the save in flight and commits it (nullopt when none is in flight).
   std::optional<CheckpointSaveReport> wait();
+  // Not collective: waits until the directories the last commit pruned are deleted (rank 0 deletes them
+  // on a thread of its own, so a commit never waits for the file system's deletions).
+  void settle();
   // Host memory held for snapshots (0 for synchronous saves).
   int64_t host_buffer_bytes() const { return pool_.bytes(); }
 
  private:
   struct Pending;
-  // The collective commit; `defer_deletion`: the pruned directories are deleted in the background (a
-  // commit at poll()), else before it returns.
-  CheckpointSaveReport commit(bool defer_deletion);
+  CheckpointSaveReport commit();
   // Whether a snapshot of `floats` floats is taken: the pool has them, or growing it takes at most half
   // the host memory still available.
   bool snapshot_fits(int64_t floats) const;
@@ -71,6 +73,7 @@ class CheckpointSaver {
   HostBufferPool pool_;
   BackgroundRankWriter writer_;
   std::thread deleter_;  // rank 0: removes the directories a commit pruned, off the training thread
+  std::atomic<bool> deletions_done_{true};
   std::unique_ptr<Pending> pending_;
 };
 
