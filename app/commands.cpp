@@ -348,6 +348,7 @@ int run_distributed(const DistributedRun& args) {
   }
   agree_or_throw<StartupError>(*ps.world, error);
   Trainer& trainer = *built;
+  trainer.set_ranks_on_host(launch.env.local_size);
   startup.reset();
   if (args.command == "train") {
     try {

@@ -123,8 +123,8 @@ const std::vector<ConfigKey>& config_keys() {
               "copy each save's shards to host memory (pinned on CUDA; one buffer reused by every save) and write "
               "them in the background while training goes on; `latest` moves only once every rank's files are "
               "durable, and a failed write stops the run at the next step. A rank whose copy would take more "
-              "than half the host memory still available writes synchronously. false: training waits for every "
-              "save"),
+              "than its share of half the host memory still available writes synchronously. false: training "
+              "waits for every save"),
       GPT_PATH_KEY(checkpoint, load, "checkpoint directory to resume from; empty = start fresh"),
       GPT_KEY(checkpoint, save_optimizer,
               "save the Adam moments; false = weights and fp32 master weights only, a third of the size, for "

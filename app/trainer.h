@@ -79,6 +79,9 @@ class Trainer {
   bool resume();
   // The host memory held for asynchronous checkpoint snapshots (0 before the first or with sync saves).
   int64_t checkpoint_host_buffer_bytes() const;
+  // The ranks on this process's host (the launch environment's local size), which share its memory for
+  // checkpoint snapshots; 1 unless set.
+  void set_ranks_on_host(int ranks) { ranks_on_host_ = ranks; }
   // Every global parameter, assembled on every rank (tests and conversion): name -> values.
   std::vector<std::pair<std::string, std::vector<float>>> gather_global_params();
 
@@ -131,6 +134,7 @@ class Trainer {
     double comm_seconds[3] = {0, 0, 0};
     int64_t comm_bytes[3] = {0, 0, 0};
   } interval_;
+  int ranks_on_host_ = 1;
   // Checkpoint saves, created at the first; declared last, so a write in flight when the trainer goes
   // (a failing run) is cancelled before anything it reads is destroyed.
   std::unique_ptr<CheckpointSaver> saver_;

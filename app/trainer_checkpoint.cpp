@@ -100,7 +100,7 @@ void Trainer::save_checkpoint() {
 CheckpointSaver& Trainer::saver() {
   if (!saver_)
     saver_ = std::make_unique<CheckpointSaver>(backend_, cfg_.checkpoint.dir, cfg_.checkpoint.keep_last,
-                                               cfg_.checkpoint.async_save);
+                                               cfg_.checkpoint.async_save, ranks_on_host_);
   return *saver_;
 }
 

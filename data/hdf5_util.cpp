@@ -51,6 +51,7 @@ Handle& Handle::operator=(Handle&& o) noexcept {
 
 void Handle::reset() {
   if (id_ < 0) return;
+  Lock lock;  // a handle may go while unwinding, outside its owner's lock, with another thread in HDF5
   close_id(id_);
   id_ = H5I_INVALID_HID;
 }

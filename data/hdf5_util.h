@@ -26,8 +26,9 @@ class Lock {
   std::lock_guard<std::recursive_mutex> guard_;
 };
 
-// An owned hid_t closed with the function that matches its kind (a failure to close is ignored here:
-// reset runs while unwinding; use h5::close where the close must succeed).
+// An owned hid_t closed with the function that matches its kind, under the process's HDF5 lock (a
+// failure to close is ignored here: reset runs while unwinding; use h5::close where the close must
+// succeed).
 class Handle {
  public:
   Handle() = default;

@@ -119,40 +119,36 @@ void ShardFileWriter::write(const std::string& kind, const std::string& name, co
   // from that dtype), each slab's CRC chained onto the piece's.
   constexpr hsize_t kSlab = hsize_t(4) << 20;  // elements
   std::vector<uint16_t> half;
-  try {
-    for (hsize_t lo = 0; lo < n; lo += kSlab) {
-      if (cancel && cancel->load(std::memory_order_relaxed))
-        throw CheckpointError(where + ": the write was cancelled (the run is stopping)");
-      const hsize_t count = std::min(kSlab, n - lo);
-      const void* bytes = values + lo;
-      if (dtype != DType::F32) {
-        half.resize(count);
-        for (hsize_t i = 0; i < count; ++i)
-          half[i] = dtype == DType::BF16 ? fp32_to_bf16(values[lo + i]) : fp32_to_fp16(values[lo + i]);
-        bytes = half.data();
-      }
-      piece.crc32 = crc32_update(piece.crc32, bytes, count * elem);
-      h5::Lock lock;
-      h5::Handle file_space = h5::check(H5Dget_space(ds.get()), w.path, "dataspace of " + piece.dataset());
-      h5::check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &lo, nullptr, &count, nullptr), w.path,
-                "select a slab of " + piece.dataset());
-      h5::Handle mem_space = h5::check(H5Screate_simple(1, &count, nullptr), w.path, "create slab space");
-      h5::check(H5Dwrite(ds.get(), type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, bytes), w.path,
-                "write dataset " + piece.dataset());
+  for (hsize_t lo = 0; lo < n; lo += kSlab) {
+    if (cancel && cancel->load(std::memory_order_relaxed))
+      throw CheckpointError(where + ": the write was cancelled (the run is stopping)");
+    const hsize_t count = std::min(kSlab, n - lo);
+    const void* bytes = values + lo;
+    if (dtype != DType::F32) {
+      half.resize(count);
+      for (hsize_t i = 0; i < count; ++i)
+        half[i] = dtype == DType::BF16 ? fp32_to_bf16(values[lo + i]) : fp32_to_fp16(values[lo + i]);
+      bytes = half.data();
     }
-  } catch (...) {
-    h5::Lock lock;  // the handles close under the lock: another thread may be using HDF5
-    ds.reset();
-    type.reset();
-    throw;
+    piece.crc32 = crc32_update(piece.crc32, bytes, count * elem);
+    h5::Lock lock;
+    h5::Handle file_space = h5::check(H5Dget_space(ds.get()), w.path, "dataspace of " + piece.dataset());
+    h5::check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &lo, nullptr, &count, nullptr), w.path,
+              "select a slab of " + piece.dataset());
+    h5::Handle mem_space = h5::check(H5Screate_simple(1, &count, nullptr), w.path, "create slab space");
+    h5::check(H5Dwrite(ds.get(), type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, bytes), w.path,
+              "write dataset " + piece.dataset());
   }
-  h5::Lock lock;
   const size_t nbytes = n * elem;
   // Start this dataset's writeback at once; every 64 MB, wait for what came before it and drop those
   // pages (datasets are allocated at increasing offsets). Only a hint for speed: durability comes from
-  // the fsync in finish().
+  // the fsync in finish(). Outside the HDF5 lock: the waits can take a while.
   constexpr int64_t kWindow = 64 << 20;
-  const haddr_t address = H5Dget_offset(ds.get());
+  haddr_t address = HADDR_UNDEF;
+  {
+    h5::Lock lock;
+    address = H5Dget_offset(ds.get());
+  }
   if (w.fd >= 0 && address != HADDR_UNDEF) {
     const auto offset = static_cast<int64_t>(address);
     sync_file_range(w.fd, offset, static_cast<int64_t>(nbytes), SYNC_FILE_RANGE_WRITE);
@@ -163,6 +159,7 @@ void ShardFileWriter::write(const std::string& kind, const std::string& name, co
       w.on_disk = offset;
     }
   }
+  h5::Lock lock;
   write_int_attr(ds.get(), "global_shape", global, w.path);
   write_int_attr(ds.get(), "shard", shard.to_ints(), w.path);
   write_int_attr(ds.get(), "range", {begin, end}, w.path);

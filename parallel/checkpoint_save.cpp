@@ -3,6 +3,7 @@
 // the one `latest` names.
 #include "parallel/checkpoint_save.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fmt/format.h>
@@ -117,20 +118,26 @@ struct CheckpointSaver::Pending {
   RankWriteResult result;      // of a write done inside start()
 };
 
-CheckpointSaver::CheckpointSaver(Backend& backend, std::string dir, int64_t keep_last, bool async)
-    : backend_(backend), dir_(std::move(dir)), keep_last_(keep_last), async_(async), pool_(backend) {}
+CheckpointSaver::CheckpointSaver(Backend& backend, std::string dir, int64_t keep_last, bool async, int ranks_on_host)
+    : backend_(backend),
+      dir_(std::move(dir)),
+      keep_last_(keep_last),
+      async_(async),
+      ranks_on_host_(std::max(1, ranks_on_host)),
+      pool_(backend) {}
 
 CheckpointSaver::~CheckpointSaver() { settle(); }
 
 bool CheckpointSaver::snapshot_fits(int64_t floats) const {
   const int64_t grow = floats * static_cast<int64_t>(sizeof(float)) - pool_.bytes();
   if (grow <= 0) return true;
+  // The ranks of a host grow their snapshots at the same moment: each may take its share of the half.
   const int64_t available = available_host_memory();
-  return available < 0 || grow <= available / 2;
+  return available < 0 || grow <= available / 2 / ranks_on_host_;
 }
 
 void CheckpointSaver::prepare(const CheckpointModel& m) {
-  if (!async_) return;
+  if (!async_ || pending_) return;
   std::vector<RankPiece> pieces = rank_pieces(m);
   const int64_t floats = layout_snapshot(pieces);
   if (floats > 0 && snapshot_fits(floats)) pool_.prepare(floats);
@@ -154,7 +161,7 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
   if (world.rank() == 0) {
     try {
       // A pruning still under way keeps its directories; its thread is waited for only once done.
-      const bool deleting = deleter_.joinable() && !deletions_done_;
+      const bool deleting = deletions_running_ > 0;
       if (deleter_.joinable() && !deleting) deleter_.join();
       begin_checkpoint_dir(dir_, progress.iteration, !deleting);
       p->index = index_skeleton(m, progress, p->id, p->staging);
@@ -165,15 +172,22 @@ double CheckpointSaver::start(const CheckpointModel& m, const CheckpointProgress
   agree_on_checkpoint(world, error);
 
   // This rank's pieces: copied into the snapshot for the background, or written now.
-  std::vector<RankPiece> pieces = rank_pieces(m);
-  const int64_t floats = layout_snapshot(pieces);
-  const std::string file = (fs::path(p->staging) / rank_file_name(m.ps->rank)).string();
-  // A snapshot that would take more than half the memory still available is not taken: this rank
-  // writes synchronously instead (the pool, once grown, is always used).
-  p->fell_back = async_ && !snapshot_fits(floats);
   try {
+    std::vector<RankPiece> pieces = rank_pieces(m);
+    const int64_t floats = layout_snapshot(pieces);
+    const std::string file = (fs::path(p->staging) / rank_file_name(m.ps->rank)).string();
+    // A snapshot that would take more than this rank's share of half the memory still available is not
+    // taken: this rank writes synchronously instead (the pool, once grown, is always used).
+    p->fell_back = async_ && !snapshot_fits(floats);
+    float* snapshot = nullptr;
     if (async_ && !p->fell_back && !pieces.empty()) {
-      float* snapshot = pool_.reserve(floats);
+      try {
+        snapshot = pool_.reserve(floats);
+      } catch (const std::exception&) {
+        p->fell_back = true;  // the host memory could not be had after all: write synchronously
+      }
+    }
+    if (snapshot) {
       copy_to_snapshot(backend_, pieces, snapshot);
       p->snapshot_bytes = floats * static_cast<int64_t>(sizeof(float));
       writer_.start(file, dir_, m.ps->rank, progress.iteration, std::move(pieces), snapshot);
@@ -252,13 +266,21 @@ CheckpointSaveReport CheckpointSaver::commit() {
   }
   // Gathering the index entries is also the barrier that says every rank's data is durable.
   const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
   const RankWriteResult& mine = p->result;
-  std::vector<std::string> entries = all_gather_strings(world, mine.wrote ? stored_file_to_yaml(mine.file) : "");
+  std::string entry;
+  try {
+    entry = mine.wrote ? stored_file_to_yaml(mine.file) : "";
+  } catch (const std::exception& e) {
+    entry.clear();
+    error = rank_prefix(world) + "saving checkpoint " + p->staging + ": " + e.what();
+  }
+  agree_on_checkpoint(world, error);
+  std::vector<std::string> entries = all_gather_strings(world, entry);
   CheckpointSaveReport r;
   r.iteration = p->iteration;
   r.id = p->id;
   r.async = async_;
-  std::string error;
   int64_t bytes = 0;
   if (world.rank() == 0) {
     try {
@@ -271,14 +293,15 @@ CheckpointSaveReport CheckpointSaver::commit() {
         for (const StoredPiece& piece : meta.files.back().pieces) meta.master_weights |= piece.kind == "master";
       }
       bytes += static_cast<int64_t>(checkpoint_meta_to_yaml(meta).size());
-      if (deleter_.joinable()) deleter_.join();
       std::vector<std::string> doomed;
       r.path = commit_checkpoint_dir(dir_, meta, keep_last_, &r.notes, &doomed);
-      deletions_done_ = false;
-      deleter_ = std::thread([this, doomed] {
+      // After the previous pruning's deletions, if they still run: the training thread never waits here.
+      ++deletions_running_;
+      deleter_ = std::thread([this, doomed, previous = std::move(deleter_)]() mutable {
+        if (previous.joinable()) previous.join();
         std::error_code ec;  // what is left is deleted by a later save (remove_interrupted_saves)
         for (const std::string& d : doomed) fs::remove_all(d, ec);
-        deletions_done_ = true;
+        --deletions_running_;
       });
     } catch (const std::exception& e) {
       error = e.what();
@@ -294,8 +317,8 @@ CheckpointSaveReport CheckpointSaver::commit() {
   r.bytes = static_cast<int64_t>(sums[0]);
   r.snapshot_bytes = static_cast<int64_t>(sums[1]);
   if (sums[2] > 0)
-    r.notes.push_back(fmt::format("{} rank(s) wrote synchronously: their snapshot would have taken more than half "
-                                  "the host memory still available",
+    r.notes.push_back(fmt::format("{} rank(s) wrote synchronously: their snapshot would have taken more than their "
+                                  "share of half the host memory still available, or could not be allocated",
                                   static_cast<int64_t>(sums[2])));
   r.blocking_seconds = slowest[0];
   r.write_seconds = slowest[1];

@@ -4,8 +4,8 @@
 //     tokenizer's files into it; every rank lists the pieces it owns (parallel/checkpoint_writer.h) and
 //     either copies their values into its pooled host snapshot, after which a background thread writes
 //     its rank file from the snapshot while training goes on, or (a synchronous save, or a rank whose
-//     snapshot would not fit in the host memory available) writes the rank file from the live tensors
-//     at once;
+//     snapshot would not fit in its share of the host memory available, or could not be allocated)
+//     writes the rank file from the live tensors at once;
 //  2. each rank's write finishes on its own, with the same file, CRCs and fsync either way;
 //  3. commit (collective): once every rank's file is complete and durable, agreed over the world at
 //     poll() after a step or at wait(), rank 0 writes metadata.yaml, renames the directory, moves
@@ -31,7 +31,8 @@ namespace gpt {
 class CheckpointSaver {
  public:
   // `async` false: every save writes its files inside start() (no snapshot, no host buffer).
-  CheckpointSaver(Backend& backend, std::string dir, int64_t keep_last, bool async);
+  // `ranks_on_host`: the ranks of this process's host, which share its memory for their snapshots.
+  CheckpointSaver(Backend& backend, std::string dir, int64_t keep_last, bool async, int ranks_on_host = 1);
   // A write still in flight is cancelled and its staging directory never committed: destruction
   // without wait() is the path of a run that is failing anyway.
   ~CheckpointSaver();
@@ -62,18 +63,19 @@ class CheckpointSaver {
  private:
   struct Pending;
   CheckpointSaveReport commit();
-  // Whether a snapshot of `floats` floats is taken: the pool has them, or growing it takes at most half
-  // the host memory still available.
+  // Whether a snapshot of `floats` floats is taken: the pool has them, or growing it takes at most this
+  // rank's share (1 / ranks_on_host) of half the host memory still available.
   bool snapshot_fits(int64_t floats) const;
 
   Backend& backend_;
   std::string dir_;
   int64_t keep_last_;
   bool async_;
+  int ranks_on_host_;
   HostBufferPool pool_;
   BackgroundRankWriter writer_;
   std::thread deleter_;  // rank 0: removes the directories a commit pruned, off the training thread
-  std::atomic<bool> deletions_done_{true};
+  std::atomic<int> deletions_running_{0};  // deleter threads not yet done
   std::unique_ptr<Pending> pending_;
 };
 

@@ -40,7 +40,8 @@ HostBufferPool::~HostBufferPool() {
 }
 
 void HostBufferPool::prepare(int64_t floats) {
-  if (preparing_.joinable() || floats <= capacity_) return;
+  if (preparing_.joinable() || floats <= planned_) return;
+  planned_ = floats;
   // At the normal priority: it runs once, during the first steps, and must be done by the first save.
   preparing_ = std::thread([this, floats] {
     try {
@@ -57,9 +58,12 @@ float* HostBufferPool::reserve(int64_t floats) {
   if (!prepare_error_.empty()) {
     const std::string error = std::move(prepare_error_);
     prepare_error_.clear();
+    planned_ = capacity_;
     throw std::runtime_error(error);
   }
-  return grow(floats);
+  float* data = grow(floats);
+  planned_ = capacity_;
+  return data;
 }
 
 float* HostBufferPool::grow(int64_t floats) {

@@ -50,14 +50,17 @@ class HostBufferPool {
   // Grows the buffer to `floats` and touches every page of it on a thread of its own, so the first
   // save's copy does not pay the page faults (seconds per GB on some machines).
   void prepare(int64_t floats);
-  int64_t bytes() const { return capacity_ * static_cast<int64_t>(sizeof(float)); }
+  // The size the buffer has, or will have once a prepare() in progress is done (read on the calling
+  // thread only: the prepare thread does not touch it).
+  int64_t bytes() const { return planned_ * static_cast<int64_t>(sizeof(float)); }
 
  private:
   float* grow(int64_t floats);
 
   Backend& backend_;
-  float* data_ = nullptr;
+  float* data_ = nullptr;   // data_ and capacity_: the prepare thread's until it is joined
   int64_t capacity_ = 0;
+  int64_t planned_ = 0;
   std::thread preparing_;
   std::string prepare_error_;  // of the thread: reserve() rethrows it
 };

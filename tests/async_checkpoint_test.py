@@ -72,12 +72,14 @@ def sigkill_during_background_write(point, victim):
 
 def sigterm_while_a_write_is_in_flight():
     ckpt = os.path.join(WORK, "term")
-    job = Job(MPIRUN, GPT_TRAIN, NP, CONFIG, sets(ckpt, 100000, save_interval=4, keep_last=0), WORK, "term",
-              extra_env={"GPT_TRAIN_FAULT_CHECKPOINT_PAUSE": "mid_file@*:4/4"})
+    # Steps take milliseconds: saves 200 steps apart leave the signal time to land before the next save,
+    # which would wait for the held write itself.
+    job = Job(MPIRUN, GPT_TRAIN, NP, CONFIG, sets(ckpt, 100000, save_interval=200, keep_last=0), WORK, "term",
+              extra_env={"GPT_TRAIN_FAULT_CHECKPOINT_PAUSE": "mid_file@*:15/200"})
     try:
         pids = job.wait_for_ranks(NP)
-        job.wait_for_text(r"checkpoint write of iteration 4 paused at mid_file", timeout=120)
-        job.wait_for_iteration(5, timeout=60)
+        job.wait_for_text(r"checkpoint write of iteration 200 paused at mid_file", timeout=120)
+        job.wait_for_iteration(201, timeout=60)
         for pid in pids.values():  # as Slurm does (mpirun follows its own SIGTERM with SIGKILL)
             os.kill(pid, signal.SIGTERM)
         rc = job.wait(60)
@@ -86,14 +88,16 @@ def sigterm_while_a_write_is_in_flight():
     finally:
         job.cleanup()
     last = job.last_iteration()
-    assert last >= 5
+    assert 201 <= last < 400, f"stopped after iteration {last}"
     assert latest_checkpoint_iteration(ckpt) == last, f"latest {latest_checkpoint_iteration(ckpt)}, last step {last}"
-    assert "iter_0000004" in iteration_dirs(ckpt), f"the save in flight was not committed: {iteration_dirs(ckpt)}"
-    assert os.path.exists(os.path.join(ckpt, "iter_0000004", "metadata.yaml"))
-    # The save in flight committed before the last step's save started.
-    commit4 = out.find("saved checkpoint " + os.path.join(ckpt, "iter_0000004"))
+    assert "iter_0000200" in iteration_dirs(ckpt), f"the save in flight was not committed: {iteration_dirs(ckpt)}"
+    assert os.path.exists(os.path.join(ckpt, "iter_0000200", "metadata.yaml"))
+    # The stop came while iteration 200's write was held, which then committed before the stop step's save.
+    stop = out.find("stop requested (SIGTERM)")
+    commit200 = out.find("saved checkpoint " + os.path.join(ckpt, "iter_0000200"))
     start_last = out.find(f"checkpoint of iteration {last}: copied")
-    assert 0 <= commit4 < start_last, f"iteration 4 committed at {commit4}, last save started at {start_last}"
+    assert 0 <= stop < commit200 < start_last, \
+        f"stop logged at {stop}, iteration 200 committed at {commit200}, last save started at {start_last}"
 
 
 checks = Checks()

@@ -20,6 +20,12 @@ using namespace gpt::ckpt_test;
 
 namespace {
 
+// Sets GPT_TRAIN_FAULT_CHECKPOINT_PAUSE for a scope.
+struct PauseWrites {
+  explicit PauseWrites(const char* spec) { setenv("GPT_TRAIN_FAULT_CHECKPOINT_PAUSE", spec, 1); }
+  ~PauseWrites() { unsetenv("GPT_TRAIN_FAULT_CHECKPOINT_PAUSE"); }
+};
+
 std::string trimmed_latest(const std::string& dir) {
   std::string text = read_text_file(dir + "/" + kLatestFile);
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
@@ -52,7 +58,16 @@ void expect_async_equals_sync(Config cfg) {
   async_cfg.checkpoint.dir = async_dir.path;
   async_cfg.checkpoint.async_save = true;
   const RunRecord sync_run = train_run(sync_cfg, ps);
-  const RunRecord async_run = train_run(async_cfg, ps);
+  RunRecord async_run;
+  {
+    // Each background write starts only after the next steps changed the weights: a writer reading the
+    // live tensors instead of the snapshot would store other bytes.
+    PauseWrites pause("before_file@*:0.3");
+    auto be = make_backend("cpu");
+    Trainer t(async_cfg, ps, *be);
+    for (const StepStats& st : t.train()) async_run.losses.push_back(st.loss);
+    EXPECT_GT(t.checkpoint_host_buffer_bytes(), 0) << "the saves were not asynchronous";
+  }
   ASSERT_EQ(async_run.losses, sync_run.losses) << "saving in the background changed the training";
   for (int it : {3, 6, 9, 12}) {
     const std::string name = iteration_dir_name(it);
@@ -139,7 +154,7 @@ struct DirWatcher {
 
 TEST(CheckpointAsync, SavesAtEveryStepNeverOverlapAndPruneOnlyAfterTheCommit) {
   // Every rank file write sleeps 0.3 s once complete, longer than a step of this model.
-  setenv("GPT_TRAIN_FAULT_CHECKPOINT_PAUSE", "after_fsync@*:0.3", 1);
+  PauseWrites pause("after_fsync@*:0.3");
   Config cfg = small_config();
   cfg.training.train_iters = cfg.optimizer.decay_iters = 6;
   cfg.checkpoint.save_interval = 1;
@@ -151,7 +166,6 @@ TEST(CheckpointAsync, SavesAtEveryStepNeverOverlapAndPruneOnlyAfterTheCommit) {
   DirWatcher watcher(tmp.path);
   train_run(cfg, ps);
   watcher.finish();
-  unsetenv("GPT_TRAIN_FAULT_CHECKPOINT_PAUSE");
   EXPECT_TRUE(watcher.problems.empty()) << watcher.problems.front();
   EXPECT_EQ(watcher.most_staging, 1) << "two saves were in flight at once";
   EXPECT_GE(watcher.saw_staging_of.size(), 3u) << "the watcher saw too few saves in flight to mean anything";

@@ -167,6 +167,9 @@ int64_t CudaBackend::device_allocations() const { return CachingAllocator::insta
 void CudaBackend::synchronize() { raise_device_errors(); }
 
 void* CudaBackend::alloc_host(size_t bytes) {
+  // Maybe on a thread of its own (a checkpoint snapshot's): pinned for this backend's device, and no
+  // context made on device 0.
+  check_cuda(cudaSetDevice(device_), "alloc_host", "cudaSetDevice");
   void* p = nullptr;
   const std::string what = "cudaMallocHost of " + std::to_string(bytes) + " bytes";
   check_cuda(cudaMallocHost(&p, std::max<size_t>(bytes, 1)), "alloc_host", what.c_str());
@@ -174,7 +177,9 @@ void* CudaBackend::alloc_host(size_t bytes) {
 }
 
 void CudaBackend::free_host(void* p) {
-  if (p) cudaFreeHost(p);
+  if (!p) return;
+  cudaSetDevice(device_);
+  cudaFreeHost(p);
 }
 
 const void* CudaBackend::cached_device_copy(const void* host, size_t bytes, const char* op) {
