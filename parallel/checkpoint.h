@@ -67,7 +67,7 @@ struct CheckpointSaveReport {
   std::string id;       // its CheckpointMeta::id
   int64_t iteration = 0;
   int64_t bytes = 0;    // all rank files plus the metadata
-  bool async = false;   // the files were written in the background
+  bool async = false;   // some rank wrote its file in the background
   // The slowest rank's time in each phase (parallel/checkpoint_save.h): blocked in start() (for an
   // asynchronous save, mostly the copy into host memory), writing its file (in the background, or
   // inside start() when synchronous) and the commit; and the bytes copied into host snapshots.

@@ -280,7 +280,6 @@ CheckpointSaveReport CheckpointSaver::commit() {
   CheckpointSaveReport r;
   r.iteration = p->iteration;
   r.id = p->id;
-  r.async = async_;
   int64_t bytes = 0;
   if (world.rank() == 0) {
     try {
@@ -316,6 +315,7 @@ CheckpointSaveReport CheckpointSaver::commit() {
   world.all_reduce_host(slowest, 3, ReduceOp::Max);
   r.bytes = static_cast<int64_t>(sums[0]);
   r.snapshot_bytes = static_cast<int64_t>(sums[1]);
+  r.async = r.snapshot_bytes > 0;  // some rank wrote in the background
   if (sums[2] > 0)
     r.notes.push_back(fmt::format("{} rank(s) wrote synchronously: their snapshot would have taken more than their "
                                   "share of half the host memory still available, or could not be allocated",

@@ -20,19 +20,24 @@
 #    when INTERVAL steps are shorter than the write;
 #  - what each save added to the window against no saves, sync and async.
 #
-# usage: scripts/bench_checkpoint_async.sh [--only 124M|2G] [--interval K] [--saves N] [BUILD_DIR] [WORK_DIR]
-#   defaults: both cases, a save every 10 steps, 3 saves in the window; WORK_DIR (default: a new directory
-#   under $TMPDIR or /tmp) needs about 6 GB free.
+# usage: scripts/bench_checkpoint_async.sh [--only 124M|2G] [--interval K] [--saves N] [--repeat R]
+#                                          [BUILD_DIR] [WORK_DIR]
+#   defaults: both cases, a save every 10 steps, 3 saves in the window, each case once (--repeat: the
+#   three runs of every case R times over, a row each: the machine's speed drifts between runs, so rows
+#   measured back to back are the ones to compare); WORK_DIR (default: a new directory under $TMPDIR or
+#   /tmp) needs about 6 GB free.
 set -euo pipefail
 
 only=""
 interval=10
 saves=3
+repeat=1
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --only) only="$2"; shift 2 ;;
     --interval) interval="$2"; shift 2 ;;
     --saves) saves="$2"; shift 2 ;;
+    --repeat) repeat="$2"; shift 2 ;;
     *) echo "bench_checkpoint_async: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -113,8 +118,10 @@ case_row() {
     printf "%-5s %6d | %8.3f %8.3f %8.3f %6.3f | %9.3f %9.3f %9.3f %6.3f | %8.3f %8.3f\n",
            n, mb, s, a, w, a / s, t0 / k, ts / k, ta / k, ta / t0, (ts - t0) / sv, (ta - t0) / sv }'
 }
-if [[ -z "$only" || "$only" == "124M" ]]; then case_row 124M 12; fi
-if [[ -z "$only" || "$only" == "2G" ]]; then case_row 2G 24; fi
+for ((r = 1; r <= repeat; r++)); do
+  if [[ -z "$only" || "$only" == "124M" ]]; then case_row 124M 12; fi
+  if [[ -z "$only" || "$only" == "2G" ]]; then case_row 2G 24; fi
+done
 echo "(sync s: mean time a synchronous save blocks training; async s: the same for an asynchronous save (copy"
 echo " + commit); write s: its background write; ratio: async s / sync s (goal <= 0.10). s/st: seconds per"
 echo " step over the window, saves included; ratio: async / none (goal <= 1.05). +s: what each save added to"
