@@ -90,8 +90,8 @@ CheckpointMeta index_skeleton(const CheckpointModel& m, const CheckpointProgress
   return meta;
 }
 
-}  // namespace
-
+// Bytes of host memory the system can still give this process (MemAvailable of /proc/meminfo), or -1
+// where it cannot be read.
 int64_t available_host_memory() {
   std::ifstream in("/proc/meminfo");
   std::string line;
@@ -103,6 +103,8 @@ int64_t available_host_memory() {
   }
   return -1;
 }
+
+}  // namespace
 
 // The save between start() and its commit.
 struct CheckpointSaver::Pending {

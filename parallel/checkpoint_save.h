@@ -79,8 +79,4 @@ class CheckpointSaver {
   std::unique_ptr<Pending> pending_;
 };
 
-// Bytes of host memory the system can still give this process (MemAvailable of /proc/meminfo), or -1
-// where it cannot be read.
-int64_t available_host_memory();
-
 }  // namespace gpt

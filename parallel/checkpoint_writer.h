@@ -97,7 +97,6 @@ class BackgroundRankWriter {
   // checks that this process still holds checkpoint directory `dir`'s lock, if it took one.
   void start(std::string path, std::string dir, int rank, int64_t iteration, std::vector<RankPiece> pieces,
              const float* snapshot);
-  bool active() const { return thread_.joinable(); }
   bool finished() const { return finished_.load(std::memory_order_acquire); }
   // Waits for the write and returns its outcome.
   RankWriteResult join();
