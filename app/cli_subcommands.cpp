@@ -101,6 +101,8 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
          "a built-in description (a100-80g, h100-80g, h200) or a YAML hardware file (configs/hardware/)");
   f.flag("--json", o.json, "every layout as one JSON document instead of the table");
   f.integer("--top", o.top, "layouts printed in the table");
+  f.integer("--max-context", o.max_context,
+            "try context parallelism up to this degree (default: the config's parallel.context, 1 = none)");
   f.choice("--recompute", o.recompute, {"none", "selective", "full", "all"}, "activation recomputation; all: try each");
   f.choice("--distributed-optimizer", o.distributed_optimizer, {"on", "off", "all"}, "ZeRO-1; all: try both");
   f.choice("--p2p-buffers", o.p2p_buffers, {"released", "freed"},

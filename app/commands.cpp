@@ -56,9 +56,9 @@ struct DistributedRun {
 // the larger micro batch on a tie, and returns a line for the log saying that the sample count changed;
 // "" when the config already fits or its layout is wrong anyway (reported by the layout checks).
 std::string fit_eval_batch(Config& cfg, int world) {
-  const int64_t tp = cfg.parallel.tensor, pp = cfg.parallel.pipeline;
-  if (tp < 1 || pp < 1 || world % (tp * pp) != 0) return "";
-  const int64_t dp = cfg.parallel.data > 0 ? cfg.parallel.data : world / (tp * pp);
+  const int64_t tp = cfg.parallel.tensor, pp = cfg.parallel.pipeline, cp = cfg.parallel.context;
+  if (tp < 1 || pp < 1 || cp < 1 || world % (tp * pp * cp) != 0) return "";
+  const int64_t dp = cfg.parallel.data > 0 ? cfg.parallel.data : world / (tp * pp * cp);
   const int64_t mb = cfg.training.micro_batch_size, gb = cfg.training.global_batch_size;
   if (dp < 1 || mb < 1 || gb < 1 || gb % (mb * dp) == 0) return "";
   // The interleaved schedule also needs the microbatch count to be a multiple of the pipeline size.
@@ -91,7 +91,7 @@ Config config_of_checkpoint(const std::string& path, const std::vector<std::stri
     const std::string index = dir + "/" + kMetadataFile;
     const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(index), index);
     std::vector<std::string> sets = {"parallel.tensor=1",          "parallel.pipeline=1",
-                                     "parallel.virtual_pipeline=1", "parallel.data=0",
+                                     "parallel.virtual_pipeline=1", "parallel.data=0", "parallel.context=1",
                                      "parallel.sequence_parallel=false", "parallel.distributed_optimizer=false",
                                      "checkpoint.dir=",            "checkpoint.save_interval=0",
                                      "checkpoint.finetune=false"};
@@ -190,10 +190,11 @@ GridLayout layout_or_startup_error(const Config& cfg, int world) {
       throw std::invalid_argument("training.global_batch_size (" + std::to_string(cfg.training.global_batch_size) +
                                   ") is not divisible by micro_batch_size x data-parallel size (" +
                                   std::to_string(per_step) + ")");
-    if (cfg.parallel.sequence_parallel && (cfg.training.micro_batch_size * cfg.model.seq_length) % layout.tp() != 0)
-      throw std::invalid_argument("parallel.sequence_parallel: micro_batch_size x seq_length (" +
-                                  std::to_string(cfg.training.micro_batch_size * cfg.model.seq_length) +
-                                  ") must be divisible by tensor (" + std::to_string(layout.tp()) + ")");
+    const int64_t local_tokens = cfg.training.micro_batch_size * cfg.model.seq_length / layout.cp();
+    if (cfg.parallel.sequence_parallel && local_tokens % layout.tp() != 0)
+      throw std::invalid_argument("parallel.sequence_parallel: micro_batch_size x seq_length / context (" +
+                                  std::to_string(local_tokens) + ") must be divisible by tensor (" +
+                                  std::to_string(layout.tp()) + ")");
     const int m = static_cast<int>(cfg.training.global_batch_size / per_step);
     validate_schedule_args(layout.pp(), static_cast<int>(cfg.parallel.virtual_pipeline), m);
     return layout;

@@ -287,6 +287,7 @@ void validate_config(const Config& c) {
   at_least("parallel.pipeline", p.pipeline, 1);
   at_least("parallel.virtual_pipeline", p.virtual_pipeline, 1);
   at_least("parallel.data", p.data, 0);
+  at_least("parallel.context", p.context, 1);
   at_least("parallel.bucket_size_mb", p.bucket_size_mb, 1);
 
   const TrainingConfig& t = c.training;
@@ -362,9 +363,14 @@ void validate_config(const Config& c) {
                       m.num_query_groups, p.tensor));
   require(c.ffn_hidden() % p.tensor == 0,
           fmt::format("model.ffn_hidden_size ({}) must be divisible by parallel.tensor ({})", c.ffn_hidden(), p.tensor));
-  require(!p.sequence_parallel || m.seq_length % p.tensor == 0,
-          fmt::format("model.seq_length ({}) must be divisible by parallel.tensor ({}) with parallel.sequence_parallel",
-                      m.seq_length, p.tensor));
+  require(m.seq_length % (2 * p.context) == 0,
+          fmt::format("model.seq_length ({}) must be divisible by 2 x parallel.context (2 x {}): context parallelism "
+                      "cuts each sequence into 2 x parallel.context equal chunks",
+                      m.seq_length, p.context));
+  require(!p.sequence_parallel || (m.seq_length / p.context) % p.tensor == 0,
+          fmt::format("model.seq_length / parallel.context ({} / {}) must be divisible by parallel.tensor ({}) with "
+                      "parallel.sequence_parallel",
+                      m.seq_length, p.context, p.tensor));
 }
 
 void apply_overrides(Config& c, const std::vector<std::string>& overrides) {

@@ -36,7 +36,8 @@ struct ParallelConfig {
   int64_t tensor = 1;
   int64_t pipeline = 1;
   int64_t virtual_pipeline = 1;
-  int64_t data = 0;  // 0 = world / (tensor * pipeline)
+  int64_t data = 0;  // 0 = world / (tensor * context * pipeline)
+  int64_t context = 1;  // context-parallel size: each sequence's 2 * context chunks spread over this many ranks
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   int64_t bucket_size_mb = 25;

@@ -51,6 +51,7 @@ LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& grid) {
   l.tp = grid.tp();
   l.pp = grid.pp();
   l.dp = grid.dp();
+  l.cp = grid.cp();
   l.vpp = static_cast<int>(cfg.parallel.virtual_pipeline);
   l.micro_batch = cfg.training.micro_batch_size;
   l.global_batch = cfg.training.global_batch_size;
@@ -69,7 +70,7 @@ GridLayout grid_layout_from_config(const ParallelConfig& parallel, int world) {
     return static_cast<int>(v);
   };
   return GridLayout(world, narrow("parallel.tensor", parallel.tensor), narrow("parallel.pipeline", parallel.pipeline),
-                    narrow("parallel.data", parallel.data));
+                    narrow("parallel.data", parallel.data), narrow("parallel.context", parallel.context));
 }
 
 }  // namespace gpt

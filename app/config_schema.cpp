@@ -54,7 +54,10 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(parallel, tensor, "tensor-parallel size"),
       GPT_KEY(parallel, pipeline, "pipeline-parallel size (stages)"),
       GPT_KEY(parallel, virtual_pipeline, "model chunks per pipeline stage (interleaved schedule when > 1)"),
-      GPT_KEY(parallel, data, "data-parallel size; 0 = world / (tensor * pipeline)"),
+      GPT_KEY(parallel, data, "data-parallel size; 0 = world / (tensor * context * pipeline)"),
+      GPT_KEY(parallel, context,
+              "context-parallel size: each sequence is cut into 2 x context chunks, rank r of the group holding "
+              "chunks r and 2 x context - 1 - r, with ring attention between them"),
       GPT_KEY(parallel, sequence_parallel, "shard layer norm / dropout activations over the tensor group"),
       GPT_KEY(parallel, distributed_optimizer, "shard optimizer state over the data-parallel group"),
       GPT_KEY(parallel, bucket_size_mb, "gradient all-reduce bucket size in MiB"),

@@ -100,14 +100,16 @@ void check_derived_sizes(const Config& c) {
   s.key_fits_int("parallel.pipeline", p.pipeline);
   s.key_fits_int("parallel.virtual_pipeline", p.virtual_pipeline);
   s.key_fits_int("parallel.data", p.data);
+  s.key_fits_int("parallel.context", p.context);
   s.key_fits_int("training.threads", t.threads);
   const Size tp = K::key("parallel.tensor", p.tensor), pp = K::key("parallel.pipeline", p.pipeline);
   const Size vpp = K::key("parallel.virtual_pipeline", p.virtual_pipeline);
   const Size dp = K::key("parallel.data", p.data, std::max<int64_t>(p.data, 1));  // 0: derived, at least 1
+  const Size cp = K::key("parallel.context", p.context);
   const Size micro = K::key("training.micro_batch_size", t.micro_batch_size);
   const Size global = K::key("training.global_batch_size", t.global_batch_size);
-  const char* world = "the world size (parallel.tensor x parallel.pipeline x parallel.data)";
-  s.fits_int(world, s.product(world, {tp, pp, dp}));
+  const char* world = "the world size (parallel.tensor x parallel.pipeline x parallel.context x parallel.data)";
+  s.fits_int(world, s.product(world, {tp, pp, cp, dp}));
   const char* chunks = "the model chunk count (parallel.pipeline x parallel.virtual_pipeline)";
   s.fits_int(chunks, s.product(chunks, {pp, vpp}));
   s.product("the sample count of one data-parallel step (training.micro_batch_size x parallel.data)", {micro, dp});

@@ -156,7 +156,7 @@ int generate_main(const GenerateOptions& o) {
 
   // The model: the checkpoint's config (or --config) on one rank, weights only, no data, no metrics file.
   std::vector<std::string> sets = {"parallel.tensor=1",        "parallel.pipeline=1",
-                                   "parallel.virtual_pipeline=1", "parallel.data=1",
+                                   "parallel.virtual_pipeline=1", "parallel.data=1", "parallel.context=1",
                                    "parallel.sequence_parallel=false", "parallel.distributed_optimizer=false",
                                    "data.train=[]",            "data.valid=[]",
                                    "logging.metrics_file=",    "training.micro_batch_size=1",

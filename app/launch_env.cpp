@@ -262,14 +262,18 @@ std::string ranks_with_hosts(const std::vector<int>& ranks, const std::vector<st
   return out;
 }
 
-// The coordinates a group's members share, e.g. "dp 0, pp 1" for a tensor-parallel group.
-std::string shared_coords(GroupKind kind, GridCoord c) {
+// The coordinates a group's members share, e.g. "dp 0, pp 1" for a tensor-parallel group ("cp 1, dp 0,
+// pp 1" with context parallelism).
+std::string shared_coords(GroupKind kind, GridCoord c, bool context) {
+  const std::string tp = "tp " + std::to_string(c.tp), dp = "dp " + std::to_string(c.dp),
+                    pp = "pp " + std::to_string(c.pp), cp = context ? "cp " + std::to_string(c.cp) + ", " : "";
   switch (kind) {
-    case GroupKind::Tensor: return "dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp);
-    case GroupKind::Data: return "tp " + std::to_string(c.tp) + ", pp " + std::to_string(c.pp);
+    case GroupKind::Tensor: return cp + dp + ", " + pp;
+    case GroupKind::Context: return tp + ", " + dp + ", " + pp;
+    case GroupKind::Data: return tp + ", " + pp;
     case GroupKind::Pipeline:
-    case GroupKind::Embedding: return "tp " + std::to_string(c.tp) + ", dp " + std::to_string(c.dp);
-    case GroupKind::ModelParallel: return "dp " + std::to_string(c.dp);
+    case GroupKind::Embedding: return tp + ", " + cp + dp;
+    case GroupKind::ModelParallel: return cp + dp;
   }
   return {};
 }
@@ -298,21 +302,28 @@ std::vector<std::string> layout_warnings(const GridLayout& layout, const std::ve
 
 std::string describe_layout(const GridLayout& layout, const std::vector<std::string>& hosts) {
   require_hosts(layout, hosts);
-  std::string out = "process grid: " + layout.str() + " (rank = tp + " + std::to_string(layout.tp()) +
-                    " * (dp + " + std::to_string(layout.dp()) + " * pp)) on " +
+  const bool context = layout.cp() > 1;
+  const std::string order = context ? "tp + " + std::to_string(layout.tp()) + " * (cp + " +
+                                          std::to_string(layout.cp()) + " * (dp + " + std::to_string(layout.dp()) +
+                                          " * pp))"
+                                    : "tp + " + std::to_string(layout.tp()) + " * (dp + " +
+                                          std::to_string(layout.dp()) + " * pp)";
+  std::string out = "process grid: " + layout.str() + " (rank = " + order + ") on " +
                     std::to_string(std::set<std::string>(hosts.begin(), hosts.end()).size()) +
                     " host(s)\n";
   const std::pair<GroupKind, const char*> kinds[] = {{GroupKind::Tensor, "tensor-parallel"},
+                                                     {GroupKind::Context, "context-parallel"},
                                                      {GroupKind::Data, "data-parallel"},
                                                      {GroupKind::Pipeline, "pipeline"},
                                                      {GroupKind::Embedding, "embedding"}};
   for (auto [kind, title] : kinds) {
+    if (kind == GroupKind::Context && !context) continue;
     auto groups = layout.all_groups(kind);
     out += std::string(title) + " groups (" + std::to_string(groups.size()) + " of " +
            std::to_string(layout.group_size(kind)) + "):\n";
     for (size_t g = 0; g < groups.size(); ++g)
       out += "  " + std::string(group_kind_name(kind)) + " group " + std::to_string(g) + " [" +
-             shared_coords(kind, layout.coord_of(groups[g][0])) + "]: " + ranks_with_hosts(groups[g], hosts) + "\n";
+             shared_coords(kind, layout.coord_of(groups[g][0]), context) + "]: " + ranks_with_hosts(groups[g], hosts) + "\n";
   }
   for (const auto& w : layout_warnings(layout, hosts)) out += "warning: " + w + "\n";
   return out;

@@ -109,25 +109,26 @@ std::string row(int rank, const PlanEntry& e) {
   const MemoryEstimate& m = e.memory;
   const TimeEstimate& t = e.time;
   return fmt::format(
-      "{:>4} {:>3} {:>3} {:>3} {:>4} {:>3} {:<9} {:<4} | {:6.2f} {:6.2f} {:6.2f} {:7.2f} {:7.2f} | {:8.3f} {:7.3f} {:7.3f} "
-      "{:7.3f} {:6.1f}% | {:8.3f} {:8.1f}",
-      rank > 0 ? std::to_string(rank) : "-", l.tp, l.pp, l.vpp, l.dp, l.micro_batch, recompute_name(l.recompute),
+      "{:>4} {:>3} {:>3} {:>3} {:>3} {:>4} {:>3} {:<9} {:<4} | {:6.2f} {:6.2f} {:6.2f} {:7.2f} {:7.2f} | {:8.3f} {:7.3f} "
+      "{:7.3f} {:7.3f} {:7.3f} {:6.1f}% | {:8.3f} {:8.1f}",
+      rank > 0 ? std::to_string(rank) : "-", l.tp, l.cp, l.pp, l.vpp, l.dp, l.micro_batch, recompute_name(l.recompute),
       l.distributed_optimizer ? "on" : "off", m.weights / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
-      m.total() / GiB, t.compute_s, t.tp_comm_s, t.pp_comm_s, t.dp_comm_s, 100 * t.bubble_fraction, t.step_s,
-      t.tflops_per_device);
+      m.total() / GiB, t.compute_s, t.tp_comm_s, t.cp_comm_s, t.pp_comm_s, t.dp_comm_s, 100 * t.bubble_fraction,
+      t.step_s, t.tflops_per_device);
 }
 
 const char* kHeader =
-    "   #  tp  pp vpp   dp  mb recompute dist | weight  grads  optim  activ   total | compute tp comm pp comm dp comm "
-    "bubble | step (s)  TFLOP/s\n"
-    "                                         |         memory per device, GiB       |      time per step, s          "
-    "       |";
+    "   #  tp  cp  pp vpp   dp  mb recompute dist | weight  grads  optim  activ   total | compute tp comm cp comm pp comm "
+    "dp comm bubble | step (s)  TFLOP/s\n"
+    "                                             |         memory per device, GiB       |      time per step, s      "
+    "                       |";
 
 nlohmann::ordered_json entry_json(const PlanEntry& e) {
   const LayoutSpec& l = e.layout;
   const MemoryEstimate& m = e.memory;
   const TimeEstimate& t = e.time;
   return {{"tp", l.tp},
+          {"cp", l.cp},
           {"pp", l.pp},
           {"vpp", l.vpp},
           {"dp", l.dp},
@@ -157,7 +158,9 @@ nlohmann::ordered_json entry_json(const PlanEntry& e) {
             {"bubble_fraction", t.bubble_fraction},
             {"tp_comm_hidden_s", t.tp_comm_hidden_s},
             {"pp_comm_hidden_s", t.pp_comm_hidden_s},
-            {"dp_comm_hidden_s", t.dp_comm_hidden_s}}}};
+            {"dp_comm_hidden_s", t.dp_comm_hidden_s},
+            {"cp_comm_s", t.cp_comm_s},
+            {"cp_comm_hidden_s", t.cp_comm_hidden_s}}}};
 }
 
 DType dtype_of(const Config& cfg) {
@@ -170,6 +173,7 @@ PlanOptions options_from(const Config& cfg, int devices, int devices_per_node) {
   o.devices = devices;
   o.devices_per_node = devices_per_node;
   o.sequence_parallel = cfg.parallel.sequence_parallel;
+  o.max_context = static_cast<int>(std::max<int64_t>(1, cfg.parallel.context));
   o.dtype = dtype_of(cfg);
   o.overlaps = gpt_train_overlaps(cfg.backend);  // what the trainer itself overlaps on this backend
   o.checkpoint_snapshot = cfg.checkpoint.async_save && !cfg.checkpoint.dir.empty();
@@ -190,7 +194,7 @@ std::optional<LayoutSpec> configured_layout(const Config& cfg, int devices) {
 }
 
 bool same_layout(const LayoutSpec& a, const LayoutSpec& b) {
-  return a.tp == b.tp && a.pp == b.pp && a.vpp == b.vpp && a.dp == b.dp && a.micro_batch == b.micro_batch &&
+  return a.tp == b.tp && a.cp == b.cp && a.pp == b.pp && a.vpp == b.vpp && a.dp == b.dp && a.micro_batch == b.micro_batch &&
          a.recompute == b.recompute && a.distributed_optimizer == b.distributed_optimizer;
 }
 
@@ -668,6 +672,11 @@ int plan_main(const PlanCommandOptions& args) {
     HardwareSpec hw = load_hardware(args.hardware);
     PlanOptions o = options_from(cfg, gpus, static_cast<int>(args.gpus_per_node.value_or(0)));
     if (args.recompute != "all") o.recompute = parse_recompute(args.recompute);
+    if (args.max_context) {
+      if (*args.max_context < 1 || *args.max_context > 64)
+        throw std::invalid_argument("--max-context " + std::to_string(*args.max_context) + " must be 1..64");
+      o.max_context = static_cast<int>(*args.max_context);
+    }
     if (args.distributed_optimizer != "all") o.distributed_optimizer = args.distributed_optimizer == "on";
     if (args.p2p_buffers == "freed") o.send_buffers = SendBuffers::FreedOnDelivery;
     o.grads_in_compute_dtype = args.grad_dtype == "compute";

@@ -40,6 +40,7 @@ struct PlanCommandOptions {
   std::string explain;                       // TP,PP,DP: that layout's cost breakdown next to the best
   std::string probe;                         // --probe FILE: measure this CPU instead
   std::optional<int64_t> threads;            // probe threads per device; default OpenMP's
+  std::optional<int64_t> max_context;        // context-parallel degrees tried; default the config's parallel.context
 };
 
 // Exit status 0, or 1 with the message on stderr (a config, hardware file or layout error).

@@ -96,13 +96,14 @@ StepStats Trainer::step() {
   for (ModelChunk* c : chunk_list) c->params().zero_grad(backend_);
 
   BatchLoader loader(*train_source_, cfg_.model.seq_length, cfg_.training.micro_batch_size,
-                     cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
+                     cfg_.training.global_batch_size, ps_.layout.dp(), ps_.coord.dp, cfg_.model.vocab_size,
+                     ps_.cp_size(), ps_.cp_rank());
   StepStats s;
   s.loss_scale = scaler_.scale();
   // The loss is the mean over every token of the global batch, times the loss scale.
   const float grad_scale =
       static_cast<float>(s.loss_scale / double(cfg_.training.global_batch_size * cfg_.model.seq_length));
-  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
+  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel, ps_.cp.get()};
   // The step's sums on the device: [0] the losses of this rank's microbatches, [1 + id] the sum of squares
   // of global parameter id's gradient on this rank.
   backend_.fill(step_sums_, 0.f);
@@ -154,7 +155,7 @@ StepStats Trainer::step() {
 
 std::vector<StepStats> Trainer::train() {
   std::vector<StepStats> all;
-  Communicator* groups[3] = {ps_.tp.get(), ps_.pp.get(), ps_.dp.get()};
+  Communicator* groups[4] = {ps_.tp.get(), ps_.pp.get(), ps_.dp.get(), ps_.cp.get()};
   if (!resume_attempted_ && (!cfg_.checkpoint.load.empty() || !cfg_.checkpoint.dir.empty())) resume();
   if (!resumed_without_moments_.empty() && ps_.rank == 0)
     spdlog::warn("checkpoint {} holds no optimizer state (saved with checkpoint.save_optimizer false, or imported): "
@@ -164,9 +165,9 @@ std::vector<StepStats> Trainer::train() {
     prepare_checkpoint_buffer();
   int64_t saved_at = -1;
   while (iteration_ < cfg_.training.train_iters) {
-    double comm_s0[3];
-    int64_t comm_b0[3];
-    for (int g = 0; g < 3; ++g) comm_s0[g] = groups[g]->seconds_spent(), comm_b0[g] = groups[g]->bytes_moved();
+    double comm_s0[4];
+    int64_t comm_b0[4];
+    for (int g = 0; g < 4; ++g) comm_s0[g] = groups[g]->seconds_spent(), comm_b0[g] = groups[g]->bytes_moved();
     // The whole iteration is timed (step, logging); evaluation batches and checkpoint I/O time themselves.
     WatchdogScope watch("iteration " + std::to_string(iteration_ + 1));
     StepStats s = step();
@@ -187,7 +188,7 @@ std::vector<StepStats> Trainer::train() {
     interval_.seconds += s.seconds;
     interval_.loss_sum += s.loss;
     interval_.skipped += s.skipped;
-    for (int g = 0; g < 3; ++g) {
+    for (int g = 0; g < 4; ++g) {
       interval_.comm_seconds[g] += groups[g]->seconds_spent() - comm_s0[g];
       interval_.comm_bytes[g] += groups[g]->bytes_moved() - comm_b0[g];
     }
@@ -278,10 +279,11 @@ void Trainer::log_interval(const StepStats& last) {
     spdlog::info("{}", format_iteration_line(it));
     if (metrics_) metrics_->write_iteration(it);
     if (ps_.layout.world() > 1) {
-      const char* names[3] = {"tp", "pp", "dp"};
-      std::string line = fmt::format("layout tp={} pp={} vpp={} dp={} | rank 0 time in communication:",
-                                     ps_.tp_size(), ps_.pp_size(), cfg_.parallel.virtual_pipeline, ps_.dp_size());
-      for (int g = 0; g < 3; ++g)
+      const char* names[4] = {"tp", "pp", "dp", "cp"};
+      std::string line = fmt::format("layout tp={}{} pp={} vpp={} dp={} | rank 0 time in communication:",
+                                     ps_.tp_size(), ps_.cp_size() > 1 ? fmt::format(" cp={}", ps_.cp_size()) : "",
+                                     ps_.pp_size(), cfg_.parallel.virtual_pipeline, ps_.layout.dp());
+      for (int g = 0; g < (ps_.cp_size() > 1 ? 4 : 3); ++g)
         line += fmt::format(" {} {:.1f}% ({:.2f} MB/step)", names[g], 100.0 * iv.comm_seconds[g] / iv.seconds,
                             iv.comm_bytes[g] / 1e6 / iv.steps);
       spdlog::info("{}", line);
@@ -292,9 +294,10 @@ void Trainer::log_interval(const StepStats& last) {
 
 double Trainer::evaluate(const SampleSource& source, int64_t iters) {
   BatchLoader loader(source, cfg_.model.seq_length, cfg_.training.micro_batch_size,
-                     cfg_.training.global_batch_size, ps_.dp_size(), ps_.dp_rank(), cfg_.model.vocab_size);
+                     cfg_.training.global_batch_size, ps_.layout.dp(), ps_.coord.dp, cfg_.model.vocab_size,
+                     ps_.cp_size(), ps_.cp_rank());
   if (iters <= 0) iters = std::max<int64_t>(1, source.size() / cfg_.training.global_batch_size);
-  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel};
+  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel, ps_.cp.get()};
   auto chunk_list = chunks();
   double loss_sum = 0;
   for (int64_t i = 0; i < iters; ++i) {
@@ -322,7 +325,7 @@ double Trainer::evaluate_and_log(const std::string& split, int64_t iters) {
   return loss;
 }
 
-std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_params() {
+std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_params(bool gradients) {
   // Each parameter's owner writes its shard into a zeroed global array; a world sum assembles it (x + 0
   // is exact). Owners: dp rank 0, tp rank 0 for replicated tensors, never the tied copy.
   std::vector<std::pair<std::string, std::vector<float>>> out;
@@ -341,8 +344,9 @@ std::vector<std::pair<std::string, std::vector<float>>> Trainer::gather_global_p
     Parameter* mine = by_id[ref->global_id];
     bool owner = mine && ps_.dp_rank() == 0 && !(mine->tp_replicated && ps_.tp_rank() != 0);
     if (owner) {
-      std::vector<float> local(mine->value.numel());
-      backend_.download(mine->value, local.data());
+      const Tensor& t = gradients ? mine->grad : mine->value;
+      std::vector<float> local(t.numel());
+      backend_.download(t, local.data());
       const ShardIndexMap to_global(mine->shard, mine->global_shape);
       for (int64_t i = 0; i < (int64_t)local.size(); ++i) global[to_global(i)] = local[i];
     }

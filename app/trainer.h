@@ -83,7 +83,9 @@ class Trainer {
   // checkpoint snapshots; 1 unless set.
   void set_ranks_on_host(int ranks) { ranks_on_host_ = ranks; }
   // Every global parameter, assembled on every rank (tests and conversion): name -> values.
-  std::vector<std::pair<std::string, std::vector<float>>> gather_global_params();
+  // With `gradients`, their gradients instead (once reduced over the data-parallel group, without the
+  // distributed optimizer, whose ranks hold only their shard's sums).
+  std::vector<std::pair<std::string, std::vector<float>>> gather_global_params(bool gradients = false);
 
  private:
   void log_interval(const StepStats& last);
@@ -131,8 +133,8 @@ class Trainer {
   struct Interval {
     int64_t steps = 0, skipped = 0;
     double seconds = 0, loss_sum = 0;
-    double comm_seconds[3] = {0, 0, 0};
-    int64_t comm_bytes[3] = {0, 0, 0};
+    double comm_seconds[4] = {0, 0, 0, 0};  // tp, pp, dp, cp
+    int64_t comm_bytes[4] = {0, 0, 0, 0};
   } interval_;
   int ranks_on_host_ = 1;
   // Checkpoint saves, created at the first; declared last, so a write in flight when the trainer goes

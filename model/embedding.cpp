@@ -1,8 +1,11 @@
-// Vocab-parallel token embedding + learned positions (when the model has them).
+// Vocab-parallel token embedding + learned positions (when the model has them; under context parallelism
+// each of a rank's two chunks gets its own global positions, model/context_rows.h).
 #include "model/embedding.h"
 
 #include <stdexcept>
 #include <string>
+
+#include "model/context_rows.h"
 
 namespace gpt {
 
@@ -28,7 +31,11 @@ void GPTEmbedding::forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tens
                                 std::to_string(first_position + T - 1) + " are past the model's seq_length " +
                                 std::to_string(positions));
   // Positions are added once, before the tp sum, so the row blocks of sequence parallelism get them too.
-  if (position_ && ctx.tp.rank() == 0) {
+  if (position_ && ctx.tp.rank() == 0 && ctx.context_parallel()) {
+    for_each_context_chunk(ctx, partial, T, [&](Tensor& rows, int64_t c, int64_t pos0) {
+      ctx.backend.add_positions(position_->value.rows(pos0, pos0 + c), c, rows);
+    });
+  } else if (position_ && ctx.tp.rank() == 0) {
     const Tensor table = first_position == 0 ? position_->value : position_->value.rows(first_position, positions);
     ctx.backend.add_positions(table, T, partial);
   }
@@ -38,7 +45,15 @@ void GPTEmbedding::forward(LayerContext& ctx, const Tensor& ids, int64_t T, Tens
 void GPTEmbedding::backward(LayerContext& ctx, const Tensor& ids, const Tensor& dout, int64_t T) const {
   Tensor dfull = exit_tp_region_backward(ctx, dout);
   ctx.backend.embedding_backward(ids, dfull, vocab_start_, word_->grad);
-  if (position_) ctx.backend.add_positions_backward(dfull, T, position_->grad);
+  if (!position_) return;
+  if (ctx.context_parallel()) {
+    for_each_context_chunk(ctx, dfull, T, [&](Tensor& rows, int64_t c, int64_t pos0) {
+      Tensor dpos = position_->grad.rows(pos0, pos0 + c);
+      ctx.backend.add_positions_backward(rows, c, dpos);
+    });
+  } else {
+    ctx.backend.add_positions_backward(dfull, T, position_->grad);
+  }
 }
 
 }  // namespace gpt

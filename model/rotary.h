@@ -18,8 +18,9 @@ class RotaryEmbedding {
   void forward(Backend& be, Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, int64_t pos0) const {
     be.rope_forward(qkv, B, T, H, G, D, rotary_dims_, base_, pos0);
   }
-  void backward(Backend& be, Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D) const {
-    be.rope_backward(dqkv, B, T, H, G, D, rotary_dims_, base_, 0);
+  void backward(Backend& be, Tensor& dqkv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                int64_t pos0 = 0) const {
+    be.rope_backward(dqkv, B, T, H, G, D, rotary_dims_, base_, pos0);
   }
 
  private:

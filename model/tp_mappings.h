@@ -17,6 +17,10 @@ struct LayerContext {
   Backend& backend;
   Communicator& tp;
   bool sequence_parallel = false;
+  // The context-parallel group (parallel/context_parallel.h); null or a group of one: each rank holds
+  // whole sequences. Otherwise the rows are this rank's two chunks of every sequence, chunk-major.
+  Communicator* cp = nullptr;
+  bool context_parallel() const { return cp && cp->size() > 1; }
 };
 
 Tensor enter_tp_region(LayerContext& ctx, const Tensor& x);

@@ -1,6 +1,9 @@
 // Forward and backward of the pre-LN transformer block.
 #include "model/transformer_block.h"
 
+#include "model/context_rows.h"
+#include "model/ring_attention.h"
+
 #include <cmath>
 #include <stdexcept>
 #include <utility>
@@ -62,17 +65,26 @@ void TransformerBlock::forward(LayerContext& ctx, Residual x, int64_t B, int64_t
   const DType dtype = c.input.dtype();
   c.ln1_full = enter_tp_region(ctx, c.ln1);
   qkv_.forward(ctx, c.ln1_full, c.qkv);
-  if (rope_) rope_->forward(be, c.qkv, B, T, H, G, D, kv ? kv->past : 0);
-  c.att = be.empty({B * T, H * D}, dtype);
-  c.lse = be.empty({B, H, T});
-  if (!kv) {
-    be.attention_forward(c.qkv, B, T, H, G, D, c.att, c.lse);
+  if (ctx.context_parallel()) {
+    if (kv) throw std::logic_error("TransformerBlock: cached decoding runs without context parallelism");
+    if (rope_)
+      for_each_context_chunk(ctx, c.qkv, T, [&](Tensor& rows, int64_t Tc, int64_t pos0) {
+        rope_->forward(be, rows, B, Tc, H, G, D, pos0);
+      });
+    ring_attention_forward(be, *ctx.cp, c.qkv, RingShape{B, T / 2, H, G, D}, c.att, c.lse);
   } else {
-    if (B != 1 || kv->past + T > kv->cache.dim(0))
-      throw std::logic_error("TransformerBlock: a cached decoding step takes one sequence within the cache");
-    Tensor slot = kv->cache.rows(kv->past, kv->past + T);
-    be.copy(c.qkv, slot);
-    be.attention_forward_last(kv->cache.rows(0, kv->past + T), 1, kv->past + T, T, H, G, D, c.att, c.lse);
+    if (rope_) rope_->forward(be, c.qkv, B, T, H, G, D, kv ? kv->past : 0);
+    c.att = be.empty({B * T, H * D}, dtype);
+    c.lse = be.empty({B, H, T});
+    if (!kv) {
+      be.attention_forward(c.qkv, B, T, H, G, D, c.att, c.lse);
+    } else {
+      if (B != 1 || kv->past + T > kv->cache.dim(0))
+        throw std::logic_error("TransformerBlock: a cached decoding step takes one sequence within the cache");
+      Tensor slot = kv->cache.rows(kv->past, kv->past + T);
+      be.copy(c.qkv, slot);
+      be.attention_forward_last(kv->cache.rows(0, kv->past + T), 1, kv->past + T, T, H, G, D, c.att, c.lse);
+    }
   }
   Tensor proj_partial;
   proj_.forward(ctx, c.att, proj_partial);
@@ -115,9 +127,17 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
   Tensor datt, dln1_full;
   proj_.backward(ctx, dh_full, c.att, datt);
   Tensor dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
-  be.attention_backward(datt, c.qkv, c.att, c.lse, B, T, H, G, D, dqkv);
+  if (ctx.context_parallel()) {
+    ring_attention_backward(be, *ctx.cp, datt, c.qkv, c.att, c.lse, RingShape{B, T / 2, H, G, D}, dqkv);
+    if (rope_)
+      for_each_context_chunk(ctx, dqkv, T, [&](Tensor& rows, int64_t Tc, int64_t pos0) {
+        rope_->backward(be, rows, B, Tc, H, G, D, pos0);
+      });
+  } else {
+    be.attention_backward(datt, c.qkv, c.att, c.lse, B, T, H, G, D, dqkv);
+    if (rope_) rope_->backward(be, dqkv, B, T, H, G, D);
+  }
   c.lse = c.att = Tensor();
-  if (rope_) rope_->backward(be, dqkv, B, T, H, G, D);
   qkv_.backward(ctx, dqkv, c.ln1_full, &dln1_full);
   Tensor dln1 = enter_tp_region_backward(ctx, dln1_full);
   ln1_.backward_add(ctx, dln1, c.input, c.ln1_stats, dh, dx);  // dx = ln1's gradient + the residual's

@@ -34,7 +34,8 @@ struct BlockCache {
   Tensor ln1_full, ln2_full;  // layernorm outputs as the column-parallel linears saw them
   Tensor ln1, h, ln2;
   Tensor qkv, att, fc1, act;  // inside the tp region: full rows, this rank's heads / ffn slice (qkv after rope)
-  Tensor lse;                 // attention's per-row softmax statistics [B, local heads, T] fp32
+  Tensor lse;                 // attention's per-row softmax statistics [B, local heads, T] fp32 ([2, B, H, T/2]
+                              // under context parallelism: one block per local chunk)
   Norm::Cache ln1_stats, ln2_stats;
 };
 

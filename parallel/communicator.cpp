@@ -23,6 +23,40 @@ std::unique_ptr<PendingSend> Communicator::send_async(const Tensor& t, int peer,
   return std::make_unique<CompletedSend>();
 }
 
+namespace {
+// exchange_async's default: the send in flight, the receive run by wait().
+class DeferredReceive final : public PendingSend {
+ public:
+  DeferredReceive(Communicator& comm, std::unique_ptr<PendingSend> send, Tensor& in, int from, int tag)
+      : comm_(comm), send_(std::move(send)), in_(in), from_(from), tag_(tag) {}
+  ~DeferredReceive() override {
+    if (!done_) try {
+        wait();
+      } catch (...) {  // a destructor must not throw; the error surfaced (or will) through the group
+      }
+  }
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    comm_.recv(in_, from_, tag_);
+    send_->wait();
+  }
+  void progress() override { send_->progress(); }
+
+ private:
+  Communicator& comm_;
+  std::unique_ptr<PendingSend> send_;
+  Tensor in_;
+  int from_, tag_;
+  bool done_ = false;
+};
+}  // namespace
+
+std::unique_ptr<PendingSend> Communicator::exchange_async(const Tensor& out, int to, Tensor& in, int from, int tag) {
+  auto send = send_async(out, to, tag);
+  return std::make_unique<DeferredReceive>(*this, std::move(send), in, from, tag);
+}
+
 std::unique_ptr<PendingSend> Communicator::all_reduce_async(Tensor& t, ReduceOp op) {
   all_reduce(t, op);
   return std::make_unique<CompletedSend>();

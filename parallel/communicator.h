@@ -47,6 +47,10 @@ class Communicator {
   // whose data dependencies are satisfiable can never deadlock on p2p). `t` must stay alive until wait().
   // The default is a blocking send.
   virtual std::unique_ptr<PendingSend> send_async(const Tensor& t, int peer, int tag);
+  // Sends `out` to `to` and receives `in` from `from` (one ring step: context parallelism's K/V blocks),
+  // returning at once; after wait() `in` holds the message and `out` may be reused. Both must stay alive
+  // until then. The default starts send_async and receives in wait(); MPI posts both at once.
+  virtual std::unique_ptr<PendingSend> exchange_async(const Tensor& out, int to, Tensor& in, int from, int tag);
   virtual void barrier() = 0;
 
   // Non-blocking reductions: each starts and returns at once; `t` must stay alive and untouched until the

@@ -95,10 +95,11 @@ void use_device_communicators(ParallelState& state, Backend& backend, const std:
   replace(state.dp, backend, false, staged);
   replace(state.pp, backend, true, staged);
   replace(state.embedding, backend, false, staged);
+  replace(state.cp, backend, true, staged);  // the ring attention's point-to-point exchanges
 }
 
 void use_host_staged_communicators(ParallelState& state, Backend& backend) {
-  for (auto* group : {&state.tp, &state.dp, &state.pp, &state.embedding})
+  for (auto* group : {&state.tp, &state.dp, &state.pp, &state.embedding, &state.cp})
     if (*group && (*group)->size() > 1) *group = std::make_unique<HostStagedCommunicator>(std::move(*group), backend);
 }
 

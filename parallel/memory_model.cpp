@@ -47,6 +47,11 @@ struct TensorSizes {
   int64_t logits = 0; // [N, padded vocab / tp], bf16 in bf16 runs, else fp32; their gradient is in place
   int64_t row = 0;    // [N] fp32
   int64_t batch = 0;  // tokens + targets, int32 [N] each
+  // Context parallelism's ring attention (model/ring_attention.cpp), transients of one block's attention
+  // beside qkv, att and lse: forward, the fp32 running outputs of both chunks, one block's output and
+  // statistics, and the key/value blocks being used and received; backward, the fp32 dQ, the key/value
+  // blocks, and the three fp32 dK/dV accumulators (this step's, the arriving and the leaving sum).
+  int64_t ring_fwd = 0, ring_bwd = 0;
   int64_t sp_X() const { return sp ? X : 0; }
   int64_t sp_Xf() const { return sp ? Xf : 0; }
   // What a block's cache keeps after forward, besides its input (the chunk's input for the first block, else
@@ -62,20 +67,26 @@ struct TensorSizes {
 TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   TensorSizes s;
   const int64_t d = static_cast<int64_t>(dtype_size(l.dtype));
-  const int64_t N = l.micro_batch * m.seq_length;
+  const int64_t N = l.micro_batch * m.seq_length / l.cp;  // this rank's tokens
   s.sp = l.sequence_parallel && l.tp > 1;
   const int64_t rows = s.sp ? N / l.tp : N;
   s.X = rows * m.hidden * d;
   s.Xf = N * m.hidden * d;
   s.qkv = N * (m.qkv_width() / l.tp) * d;
   s.att = N * (m.heads / l.tp) * m.head_dim() * d;
-  s.lse = 4 * l.micro_batch * (m.heads / l.tp) * m.seq_length;
+  s.lse = 4 * N * (m.heads / l.tp);
   s.fc1 = N * (m.fc1_width() / l.tp) * d;
   s.act = N * (m.ffn / l.tp) * d;
   s.stats = (m.normalization == Normalization::LayerNorm ? 2 : 1) * rows * 4;
   s.logits = (l.dtype == DType::BF16 ? 2 : 4) * N * (m.padded_vocab(l.tp) / l.tp);  // bf16 with bf16 weights
   s.row = 4 * N;
   s.batch = 2 * 4 * N;
+  if (l.cp > 1) {
+    const int64_t out32 = N * (m.heads / l.tp) * m.head_dim() * 4;
+    const int64_t kv = N * 2 * (m.query_groups() / l.tp) * m.head_dim();  // elements
+    s.ring_fwd = out32 + out32 / 2 + s.lse / 2 + 2 * kv * d;
+    s.ring_bwd = out32 + 2 * kv * d + 3 * kv * 4;
+  }
   return s;
 }
 
@@ -94,6 +105,7 @@ void block_forward(Ledger& L, const TensorSizes& s, Recompute r, bool pending) {
   if (pending) L.free(pending_residual(s, r));
   L.alloc(s.sp_Xf());                                  // ln1_full
   L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.lse);
+  L.alloc(s.ring_fwd), L.free(s.ring_fwd);             // context parallelism's ring
   L.alloc(s.Xf), L.alloc(s.sp_X());                    // proj partial sums, attention output
   L.alloc(s.X);                                        // h
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
@@ -120,6 +132,7 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   L.free(s.act + s.fc1 + s.X + s.sp_Xf());  // act, fc1, ln2, ln2_full
   L.alloc(s.sp_Xf());                      // dh gathered
   L.alloc(s.att), L.alloc(s.qkv);          // datt, dqkv
+  L.alloc(s.ring_bwd), L.free(s.ring_bwd);  // context parallelism's ring
   L.free(s.lse + s.att);
   L.alloc(s.Xf), L.alloc(s.sp_X());        // dln1_full, dln1
   L.alloc(s.X);                            // dx
@@ -208,7 +221,8 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string LayoutSpec::str() const {
-  return fmt::format("tp={} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}", tp, pp, vpp, dp, micro_batch,
+  return fmt::format("tp={}{} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}", tp,
+                     cp > 1 ? fmt::format(" cp={}", cp) : std::string(), pp, vpp, dp, micro_batch,
                      recompute_name(recompute), distributed_optimizer ? "on" : "off", sequence_parallel ? " sp" : "",
                      grad_dtype == DType::F32 ? "" : std::string(" grads=") + dtype_name(grad_dtype),
                      p2p_scatter_gather ? " p2p_scatter_gather" : "",
@@ -218,7 +232,9 @@ std::string LayoutSpec::str() const {
 
 void validate_layout(const ModelDescription& m, const LayoutSpec& l) {
   auto s = [](int64_t x) { return std::to_string(x); };
-  require(l.tp >= 1 && l.pp >= 1 && l.vpp >= 1 && l.dp >= 1, "parallel degrees must be at least 1");
+  require(l.tp >= 1 && l.pp >= 1 && l.vpp >= 1 && l.dp >= 1 && l.cp >= 1, "parallel degrees must be at least 1");
+  require(m.seq_length % (2 * l.cp) == 0, "seq_length (" + s(m.seq_length) + ") is not divisible by 2 x context (" +
+                                              s(2 * l.cp) + "): context parallelism cuts each sequence into 2 x context chunks");
   require(m.heads % l.tp == 0, "num_heads (" + s(m.heads) + ") is not divisible by tensor (" + s(l.tp) + ")");
   require(m.query_groups() % l.tp == 0, "num_query_groups (" + s(m.query_groups()) + ") is not divisible by tensor (" +
                                             s(l.tp) + "): each rank holds whole key/value groups");
@@ -229,7 +245,8 @@ void validate_layout(const ModelDescription& m, const LayoutSpec& l) {
   require(l.micro_batch >= 1 && l.global_batch % (l.micro_batch * l.dp) == 0,
           "global batch (" + s(l.global_batch) + ") is not divisible by micro batch x data (" + s(l.micro_batch * l.dp) + ")");
   if (l.sequence_parallel)
-    require((l.micro_batch * m.seq_length) % l.tp == 0, "sequence parallelism needs micro batch x seq_length divisible by tensor");
+    require((l.micro_batch * m.seq_length / l.cp) % l.tp == 0,
+            "sequence parallelism needs micro batch x seq_length / context divisible by tensor");
   validate_schedule_args(l.pp, l.vpp, static_cast<int>(l.microbatches()));
 }
 
@@ -272,17 +289,18 @@ MemoryEstimate estimate_memory(const ModelDescription& m, const LayoutSpec& l, i
   MemoryEstimate e;
   e.pp_rank = pp_rank;
   const int64_t d = static_cast<int64_t>(dtype_size(l.dtype)), g = static_cast<int64_t>(dtype_size(l.grad_dtype));
-  const bool sharded = l.distributed_optimizer && l.dp > 1;
+  const int R = l.grad_group();  // the ranks that reduce (and, with ZeRO-1, shard) each gradient
+  const bool sharded = l.distributed_optimizer && R > 1;
   int64_t optimizer_transient = 0, fp32_grad_copies = 0;
   for (int64_t n : chunk_parameter_counts(m, l, pp_rank)) {
-    const int64_t buffer = padded(n, l.dp);  // ParameterSet pads its flat buffers to a multiple of dp
+    const int64_t buffer = padded(n, R);  // ParameterSet pads its flat buffers to a multiple of dp x cp
     e.parameters += n;
     e.weights += buffer * d;
     e.grads += buffer * g;
     // Adam state covers parameter elements only (not padding); dp rank 0's shard is the fullest.
-    const int64_t covered = sharded ? std::min<int64_t>(n, buffer / l.dp) : n;
+    const int64_t covered = sharded ? std::min<int64_t>(n, buffer / R) : n;
     e.optimizer += covered * (8 + (l.dtype == DType::F32 ? 0 : 4));
-    if (sharded) optimizer_transient = std::max(optimizer_transient, buffer / l.dp * 4);  // reduce-scatter target
+    if (sharded) optimizer_transient = std::max(optimizer_transient, buffer / R * 4);  // reduce-scatter target
     else if (g != 4) fp32_grad_copies += covered * 4;  // the optimizer step's fp32 copies of 16-bit gradients
   }
   optimizer_transient = std::max(optimizer_transient, fp32_grad_copies);
@@ -291,11 +309,11 @@ MemoryEstimate estimate_memory(const ModelDescription& m, const LayoutSpec& l, i
     // copy of the word embedding on a last stage of its own, at 4 bytes for each stored kind.
     int64_t saved = 0;
     for (int64_t n : chunk_parameter_counts(m, l, pp_rank)) {
-      const int64_t buffer = padded(n, l.dp);
-      saved += sharded ? std::min<int64_t>(n, buffer / l.dp) : n;
+      const int64_t buffer = padded(n, R);
+      saved += sharded ? std::min<int64_t>(n, buffer / R) : n;
     }
     if (pp_rank == l.pp - 1 && l.pp > 1 && !m.untie_embeddings)
-      saved -= std::min<int64_t>(saved, m.padded_vocab(l.tp) / l.tp * m.hidden / (sharded ? l.dp : 1));
+      saved -= std::min<int64_t>(saved, m.padded_vocab(l.tp) / l.tp * m.hidden / (sharded ? R : 1));
     const int64_t kinds = 1 + (l.dtype == DType::F32 ? 0 : 1) + (l.snapshot_optimizer_state ? 2 : 0);
     e.checkpoint_host = saved * kinds * 4;
   }

@@ -51,9 +51,11 @@ class GridLayout;
 
 
 // One way to run the model: the degrees of parallelism and the per-step settings that change memory or
-// time. The number of microbatches per step is global_batch / (micro_batch * dp).
+// time. The number of microbatches per step is global_batch / (micro_batch * dp). cp: context
+// parallelism (parallel/context_parallel.h), each rank holding seq_length / cp positions of every sequence;
+// the gradients reduce, and the distributed optimizer shards, over dp * cp ranks.
 struct LayoutSpec {
-  int tp = 1, pp = 1, vpp = 1, dp = 1;
+  int tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1;
   int64_t micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
@@ -78,7 +80,8 @@ struct LayoutSpec {
   bool checkpoint_snapshot = false;
   bool snapshot_optimizer_state = true;
   int64_t microbatches() const { return global_batch / (micro_batch * dp); }
-  int world() const { return tp * pp * dp; }
+  int world() const { return tp * cp * pp * dp; }
+  int grad_group() const { return dp * cp; }  // the ranks that reduce each gradient
   // "tp=2 pp=2 vpp=1 dp=1 mb=4 recompute=none dist_opt=off"
   std::string str() const;
 };

@@ -360,10 +360,29 @@ class MpiPendingSend final : public PendingSend {
   MpiCommunicator& comm_;
   MpiRequest request_;
 };
+
+class MpiPendingExchange final : public PendingSend {
+ public:
+  MpiPendingExchange(MpiCommunicator& comm, std::vector<MpiRequest> requests)
+      : comm_(comm), requests_(std::move(requests)) {}
+  void wait() override { comm_.wait_all(requests_); }
+
+ private:
+  MpiCommunicator& comm_;
+  std::vector<MpiRequest> requests_;
+};
 }  // namespace
 
 std::unique_ptr<PendingSend> MpiCommunicator::send_async(const Tensor& t, int peer, int tag) {
   return std::make_unique<MpiPendingSend>(*this, isend(t, peer, tag));
+}
+
+std::unique_ptr<PendingSend> MpiCommunicator::exchange_async(const Tensor& out, int to, Tensor& in, int from,
+                                                             int tag) {
+  std::vector<MpiRequest> requests;
+  requests.push_back(irecv(in, from, tag));  // the receive first, so the peer's send finds it posted
+  requests.push_back(isend(out, to, tag));
+  return std::make_unique<MpiPendingExchange>(*this, std::move(requests));
 }
 
 MpiRequest MpiCommunicator::irecv(Tensor& t, int peer, int tag) {

@@ -111,6 +111,8 @@ class MpiCommunicator final : public Communicator {
 
   // Communicator::send_async over isend: the returned handle waits for the request.
   std::unique_ptr<PendingSend> send_async(const Tensor& t, int peer, int tag) override;
+  // isend and irecv posted together; the handle waits for both.
+  std::unique_ptr<PendingSend> exchange_async(const Tensor& out, int to, Tensor& in, int from, int tag) override;
   std::unique_ptr<PendingSend> all_reduce_async(Tensor& t, ReduceOp op = ReduceOp::Sum) override;
   std::unique_ptr<PendingSend> reduce_scatter_blocks_async(Tensor& t, const std::vector<int64_t>& counts) override;
   MpiRequest isend(const Tensor& t, int peer, int tag);

@@ -94,8 +94,8 @@ Overlaps applicable_overlaps(const Overlaps& wanted, const LayoutSpec& l, std::v
   else if (!l.sequence_parallel)
     drop(o.tp, "tp: not applicable (needs sequence parallelism: the all-reduces of plain tensor parallelism "
                "wait for the GEMM that produces their input)");
-  if (l.dp == 1) drop(o.grad_reduce, "grad-reduce: not applicable (data 1 has no gradient reduction)");
-  if (l.dp == 1) drop(o.param_gather, "param-gather: not applicable (data 1 has no parameter all-gather)");
+  if (l.grad_group() == 1) drop(o.grad_reduce, "grad-reduce: not applicable (data 1 has no gradient reduction)");
+  if (l.grad_group() == 1) drop(o.param_gather, "param-gather: not applicable (data 1 has no parameter all-gather)");
   else if (!l.distributed_optimizer)
     drop(o.param_gather, "param-gather: not applicable (only the distributed optimizer all-gathers parameters)");
   if (l.pp == 1) drop(o.p2p, "p2p: not applicable (pipeline 1 sends nothing)");

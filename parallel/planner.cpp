@@ -47,31 +47,33 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
       plan.rejected.push_back({tp, 0, 0, why});
       continue;
     }
-    for (int pp = 1; pp <= N / tp; ++pp) {
-      if ((N / tp) % pp) continue;
-      const int dp = N / (tp * pp);
+    for (int cp = 1; cp <= std::max(1, o.max_context) && cp <= N / tp; ++cp) {
+    if ((N / tp) % cp || m.seq_length % (2 * cp)) continue;
+    for (int pp = 1; pp <= N / (tp * cp); ++pp) {
+      if ((N / (tp * cp)) % pp) continue;
+      const int dp = N / (tp * cp * pp);
       if (m.num_layers % pp) {
-        plan.rejected.push_back({tp, pp, dp, "num_layers " + s(m.num_layers) + " is not divisible by pipeline " + s(pp)});
+        if (cp == 1) plan.rejected.push_back({tp, pp, dp, "num_layers " + s(m.num_layers) + " is not divisible by pipeline " + s(pp)});
         continue;
       }
       if (global_batch % dp) {
-        plan.rejected.push_back({tp, pp, dp, "global batch " + s(global_batch) + " is not divisible by data " + s(dp)});
+        if (cp == 1) plan.rejected.push_back({tp, pp, dp, "global batch " + s(global_batch) + " is not divisible by data " + s(dp)});
         continue;
       }
       const int64_t per_replica = global_batch / dp;
       for (int64_t mb = 1; mb <= std::min(per_replica, o.max_micro_batch); ++mb) {
         if (per_replica % mb) continue;
-        if (o.sequence_parallel && tp > 1 && (mb * m.seq_length) % tp) continue;
+        if (o.sequence_parallel && tp > 1 && (mb * m.seq_length / cp) % tp) continue;
         const int64_t mcount = per_replica / mb;
         for (int v = 1; v <= o.max_virtual_pipeline; ++v) {
           if (m.num_layers % (int64_t(pp) * v)) continue;
           if (v > 1 && (pp == 1 || mcount % pp)) continue;
           for (Recompute rc : modes)
             for (bool dist : {false, true}) {
-              if (dist && dp == 1) continue;
-              if (o.distributed_optimizer && *o.distributed_optimizer != dist && dp > 1) continue;
+              if (dist && dp * cp == 1) continue;
+              if (o.distributed_optimizer && *o.distributed_optimizer != dist && dp * cp > 1) continue;
               LayoutSpec l;
-              l.tp = tp, l.pp = pp, l.vpp = v, l.dp = dp;
+              l.tp = tp, l.pp = pp, l.vpp = v, l.dp = dp, l.cp = cp;
               l.micro_batch = mb, l.global_batch = global_batch;
               l.sequence_parallel = o.sequence_parallel && tp > 1;
               l.distributed_optimizer = dist;
@@ -87,6 +89,7 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
             }
         }
       }
+    }
     }
   }
   std::stable_sort(plan.layouts.begin(), plan.layouts.end(), [](const PlanEntry& a, const PlanEntry& b) {

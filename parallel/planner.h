@@ -3,7 +3,9 @@
 // optimizer), predicts each one's memory per device (parallel/memory_model.h) and step time
 // (parallel/time_model.h, on a hardware description from parallel/hardware.h, with the communication
 // overlaps of parallel/overlap.h that apply to the layout), and ranks them.
-// Ranks are placed in Megatron's order (rank = tp + TP * (dp + DP * pp)), devices_per_node per node.
+// Ranks are placed in Megatron's order (rank = tp + TP * (cp + CP * (dp + DP * pp))), devices_per_node per
+// node; context parallelism (PlanOptions::max_context) divides each rank's activations and attention work by
+// cp and adds the ring's hops (parallel/time_model.h).
 // TFLOP/s per device counts the FLOPs of Megatron's formula (Narayanan et al. 2021, eq. 3; for every
 // variant app/flops.h's form with query groups and SwiGLU's three matrices) including the recomputed
 // forward passes: 72 (none) or 96 (full) B s l h^2 (1 + s/6h + ...) for the GPT layout.
@@ -28,6 +30,9 @@ struct PlanOptions {
   DType dtype = DType::BF16;
   int64_t max_micro_batch = 16;
   int max_virtual_pipeline = 8;
+  // Context-parallel degrees tried: 1..max_context (each dividing the devices left by tensor parallelism
+  // and seq_length / 2). 1 searches none: context parallelism pays for long sequences only.
+  int max_context = 1;
   SendBuffers send_buffers = SendBuffers::ReleasedWhenKnownReceived;  // the executor whose memory is modelled
   // Megatron-LM's behaviour instead of this codebase's (LayoutSpec::grad_dtype, p2p_scatter_gather):
   bool grads_in_compute_dtype = false;  // gradient buffers and their dp reduction in the compute dtype

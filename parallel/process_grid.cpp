@@ -12,6 +12,7 @@ namespace gpt {
 const char* group_kind_name(GroupKind kind) {
   switch (kind) {
     case GroupKind::Tensor: return "tp";
+    case GroupKind::Context: return "cp";
     case GroupKind::Data: return "dp";
     case GroupKind::Pipeline: return "pp";
     case GroupKind::Embedding: return "embedding";
@@ -24,28 +25,31 @@ static void require_degree(const char* what, int value) {
   if (value < 1) throw GridError(std::string(what) + " size must be at least 1 (got " + std::to_string(value) + ")");
 }
 
-GridLayout::GridLayout(int world, int tp, int pp, int dp) {
+GridLayout::GridLayout(int world, int tp, int pp, int dp, int cp) {
   require_degree("world", world);
   require_degree("tensor-parallel", tp);
   require_degree("pipeline-parallel", pp);
+  require_degree("context-parallel", cp);
   if (dp < 0) throw GridError("data-parallel size must be at least 1, or 0 to derive it (got " + std::to_string(dp) + ")");
-  int64_t model = int64_t(tp) * pp;
+  const int64_t model = int64_t(tp) * pp * cp;
+  const std::string context = cp > 1 ? ") x context (" + std::to_string(cp) : "";
   if (dp == 0) {
     if (world % model != 0)
       throw GridError("world size " + std::to_string(world) + " is not divisible by tensor (" + std::to_string(tp) +
-                      ") x pipeline (" + std::to_string(pp) + ") = " + std::to_string(model) +
+                      ") x pipeline (" + std::to_string(pp) + context + ") = " + std::to_string(model) +
                       ", so the data-parallel size cannot be derived");
     dp = static_cast<int>(world / model);
   }
   int64_t product = model * dp;
   if (product != world)
     throw GridError("world size " + std::to_string(world) + " does not equal tensor (" + std::to_string(tp) +
-                    ") x pipeline (" + std::to_string(pp) + ") x data (" + std::to_string(dp) +
+                    ") x pipeline (" + std::to_string(pp) + context + ") x data (" + std::to_string(dp) +
                     ") = " + std::to_string(product));
   world_ = world;
   tp_ = tp;
   pp_ = pp;
   dp_ = dp;
+  cp_ = cp;
 }
 
 void GridLayout::check_rank(int rank) const {
@@ -54,21 +58,37 @@ void GridLayout::check_rank(int rank) const {
 }
 
 int GridLayout::rank_of(GridCoord c) const {
-  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_)
-    throw GridError("coordinate (tp " + std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ", pp " +
-                    std::to_string(c.pp) + ") is outside the grid " + str());
-  return c.tp + tp_ * (c.dp + dp_ * c.pp);
+  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_ || c.cp < 0 || c.cp >= cp_)
+    throw GridError("coordinate (tp " + std::to_string(c.tp) + ", cp " + std::to_string(c.cp) + ", dp " +
+                    std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ") is outside the grid " + str());
+  return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp));
 }
 
 GridCoord GridLayout::coord_of(int rank) const {
   check_rank(rank);
-  return {rank % tp_, (rank / tp_) % dp_, rank / (tp_ * dp_)};
+  GridCoord c;
+  c.tp = rank % tp_;
+  c.cp = (rank / tp_) % cp_;
+  c.dp = (rank / (tp_ * cp_)) % dp_;
+  c.pp = rank / (tp_ * cp_ * dp_);
+  return c;
 }
+
+namespace {
+GridCoord with(GridCoord c, int tp, int cp, int dp, int pp) {
+  if (tp >= 0) c.tp = tp;
+  if (cp >= 0) c.cp = cp;
+  if (dp >= 0) c.dp = dp;
+  if (pp >= 0) c.pp = pp;
+  return c;
+}
+}  // namespace
 
 int GridLayout::group_size(GroupKind kind) const {
   switch (kind) {
     case GroupKind::Tensor: return tp_;
-    case GroupKind::Data: return dp_;
+    case GroupKind::Context: return cp_;
+    case GroupKind::Data: return dp_ * cp_;
     case GroupKind::Pipeline: return pp_;
     case GroupKind::Embedding: return pp_ == 1 ? 1 : 2;
     case GroupKind::ModelParallel: return tp_ * pp_;
@@ -78,11 +98,12 @@ int GridLayout::group_size(GroupKind kind) const {
 
 int GridLayout::num_groups(GroupKind kind) const {
   switch (kind) {
-    case GroupKind::Tensor: return dp_ * pp_;
+    case GroupKind::Tensor: return cp_ * dp_ * pp_;
+    case GroupKind::Context: return tp_ * dp_ * pp_;
     case GroupKind::Data: return tp_ * pp_;
-    case GroupKind::Pipeline: return tp_ * dp_;
-    case GroupKind::Embedding: return tp_ * dp_;
-    case GroupKind::ModelParallel: return dp_;
+    case GroupKind::Pipeline: return tp_ * cp_ * dp_;
+    case GroupKind::Embedding: return tp_ * cp_ * dp_;
+    case GroupKind::ModelParallel: return cp_ * dp_;
   }
   return 1;
 }
@@ -92,21 +113,25 @@ std::vector<int> GridLayout::members(GroupKind kind, int rank) const {
   std::vector<int> out;
   switch (kind) {
     case GroupKind::Tensor:
-      for (int t = 0; t < tp_; ++t) out.push_back(rank_of({t, c.dp, c.pp}));
+      for (int t = 0; t < tp_; ++t) out.push_back(rank_of(with(c, t, -1, -1, -1)));
+      break;
+    case GroupKind::Context:
+      for (int x = 0; x < cp_; ++x) out.push_back(rank_of(with(c, -1, x, -1, -1)));
       break;
     case GroupKind::Data:
-      for (int d = 0; d < dp_; ++d) out.push_back(rank_of({c.tp, d, c.pp}));
+      for (int d = 0; d < dp_; ++d)
+        for (int x = 0; x < cp_; ++x) out.push_back(rank_of(with(c, -1, x, d, -1)));
       break;
     case GroupKind::Pipeline:
-      for (int p = 0; p < pp_; ++p) out.push_back(rank_of({c.tp, c.dp, p}));
+      for (int p = 0; p < pp_; ++p) out.push_back(rank_of(with(c, -1, -1, -1, p)));
       break;
     case GroupKind::Embedding:
-      out.push_back(rank_of({c.tp, c.dp, 0}));
-      if (pp_ > 1) out.push_back(rank_of({c.tp, c.dp, pp_ - 1}));
+      out.push_back(rank_of(with(c, -1, -1, -1, 0)));
+      if (pp_ > 1) out.push_back(rank_of(with(c, -1, -1, -1, pp_ - 1)));
       break;
     case GroupKind::ModelParallel:
       for (int p = 0; p < pp_; ++p)
-        for (int t = 0; t < tp_; ++t) out.push_back(rank_of({t, c.dp, p}));
+        for (int t = 0; t < tp_; ++t) out.push_back(rank_of(with(c, t, -1, -1, p)));
       break;
   }
   return out;
@@ -121,13 +146,14 @@ bool GridLayout::in_group(GroupKind kind, int rank) const {
 GroupSplit GridLayout::split_for(GroupKind kind, int rank) const {
   GridCoord c = coord_of(rank);
   switch (kind) {
-    case GroupKind::Tensor: return {c.dp + dp_ * c.pp, c.tp};
-    case GroupKind::Data: return {c.tp + tp_ * c.pp, c.dp};
-    case GroupKind::Pipeline: return {c.tp + tp_ * c.dp, c.pp};
+    case GroupKind::Tensor: return {c.cp + cp_ * (c.dp + dp_ * c.pp), c.tp};
+    case GroupKind::Context: return {c.tp + tp_ * (c.dp + dp_ * c.pp), c.cp};
+    case GroupKind::Data: return {c.tp + tp_ * c.pp, c.cp + cp_ * c.dp};
+    case GroupKind::Pipeline: return {c.tp + tp_ * (c.cp + cp_ * c.dp), c.pp};
     case GroupKind::Embedding:
       if (!in_group(kind, rank)) return {-1, 0};
-      return {c.tp + tp_ * c.dp, c.pp == 0 ? 0 : 1};
-    case GroupKind::ModelParallel: return {c.dp, c.tp + tp_ * c.pp};
+      return {c.tp + tp_ * (c.cp + cp_ * c.dp), c.pp == 0 ? 0 : 1};
+    case GroupKind::ModelParallel: return {c.cp + cp_ * c.dp, c.tp + tp_ * c.pp};
   }
   return {};
 }
@@ -150,7 +176,8 @@ std::string GridLayout::warning() const {
 
 std::string GridLayout::str() const {
   return "world " + std::to_string(world_) + " = tensor " + std::to_string(tp_) + " x pipeline " +
-         std::to_string(pp_) + " x data " + std::to_string(dp_);
+         std::to_string(pp_) + (cp_ > 1 ? " x context " + std::to_string(cp_) : "") + " x data " +
+         std::to_string(dp_);
 }
 
 // ---- communicators ----
@@ -159,6 +186,7 @@ ParallelState single_process_state() {
   ParallelState s;
   s.world = std::make_unique<SelfCommunicator>("world");
   s.tp = std::make_unique<SelfCommunicator>("tp");
+  s.cp = std::make_unique<SelfCommunicator>("cp");
   s.dp = std::make_unique<SelfCommunicator>("dp");
   s.pp = std::make_unique<SelfCommunicator>("pp");
   s.embedding = std::make_unique<SelfCommunicator>("embedding");
@@ -200,6 +228,7 @@ static ParallelState build_mpi_state(const GridLayout& layout, MPI_Comm parent) 
   else
     s.world = MpiCommunicator::dup(parent, "world");
   s.tp = make(GroupKind::Tensor);
+  s.cp = make(GroupKind::Context);
   s.dp = make(GroupKind::Data);
   s.pp = make(GroupKind::Pipeline);
   s.embedding = make(GroupKind::Embedding);

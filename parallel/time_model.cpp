@@ -51,6 +51,8 @@ double exposed(double transfer, double compute, bool overlapped) {
 // The part of a transfer that the overlap hides.
 double covered(double transfer, double compute, bool overlapped) { return overlapped ? std::min(transfer, compute) : 0; }
 
+int nodes_spanned(int ranks, int devices_per_node) { return (ranks + devices_per_node - 1) / devices_per_node; }
+
 // Per-device throughputs for one layout's compute dtype.
 struct Rates {
   double peak = 0, attention = 0, memory = 0;  // FLOP/s, FLOP/s, B/s
@@ -126,6 +128,9 @@ struct LayerCosts {
   double elementwise_fwd = 0, elementwise_bwd = 0;
   double recompute = 0;  // added to the backward: full reruns the forward, selective one piece of it
   std::vector<Collective> tp;  // forward, backward and recompute collectives in order
+  // Context parallelism's ring: every K/V hop of forward (again for a full recompute) and backward, and
+  // what the block attention running beside each hop leaves exposed (model/ring_attention.h).
+  double cp_total = 0, cp_exposed = 0;
   double gemm_flops = 0;       // of the four linears, forward and backward, the recomputed forward included
   double gemms_fwd() const { return qkv.forward() + proj.forward() + fc1.forward() + fc2.forward(); }
   double fwd() const { return gemms_fwd() + attention_fwd + elementwise_fwd; }
@@ -151,7 +156,10 @@ struct LayerCosts {
 };
 
 LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
-  const double t = l.tp, b = static_cast<double>(l.micro_batch), s = static_cast<double>(m.seq_length);
+  // s: this rank's positions of each sequence (all of them, or seq_length / cp under context parallelism),
+  // whose queries meet all seq_length keys.
+  const double t = l.tp, b = static_cast<double>(l.micro_batch), seq = static_cast<double>(m.seq_length);
+  const double s = seq / l.cp;
   const double h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
   const double D = static_cast<double>(m.head_dim()), H = static_cast<double>(m.heads);
   const double G = static_cast<double>(m.query_groups());
@@ -177,9 +185,9 @@ LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const Har
   // and writes the scores' gradient, which the two products of QK^T's backward read, and PV's weight
   // gradient reads the dropped probabilities again (9 d + 1 bytes).
   const double qkvo = N * (qkv_width + H * D) / t * r.dsize;
-  const double core_flops = 4 * b * s * s * H * D / t;
+  const double core_flops = 4 * b * s * seq * H * D / t;
   if (l.materialized_attention) {
-    const double scores = b * (static_cast<double>(m.heads) / t) * s * s;
+    const double scores = b * (static_cast<double>(m.heads) / t) * s * seq;
     c.attention_fwd = std::max(core_flops / r.attention, (scores * (6 * r.dsize + 1) + qkvo) / r.memory);
     c.attention_bwd = std::max(2 * core_flops / r.attention, (scores * (9 * r.dsize + 1) + 2 * qkvo) / r.memory);
   } else {
@@ -200,6 +208,21 @@ LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const Har
   }
   if (l.recompute == Recompute::Selective)  // Megatron's: the attention core; this codebase's: the activation
     c.recompute = l.materialized_attention ? c.attention_fwd : activation / r.memory;
+
+  if (l.cp > 1) {
+    // Each ring step sends this rank's keys and values (and in backward the fp32 dK/dV partial sums one
+    // step behind) to the next rank of the group, tp ranks away, beside one step's block attention (1/cp of
+    // the rank's attention work: every step is two full blocks). Forward: cp - 1 hops; backward: cp - 1
+    // hops of both, and the last dK/dV hop with nothing beside it.
+    const double kv = N * 2 * G * D / t, cp = l.cp;
+    const bool inter = nodes_spanned(l.tp * l.cp, hw.devices_per_node) > 1;
+    const double fwd_hop = p2p_seconds(kv * r.dsize, inter, hw), bwd_hop = p2p_seconds(kv * (r.dsize + 4), inter, hw);
+    const double last_hop = p2p_seconds(kv * 4, inter, hw);
+    const int forwards = l.recompute == Recompute::Full ? 2 : 1;
+    c.cp_total = forwards * (cp - 1) * fwd_hop + (cp - 1) * bwd_hop + last_hop;
+    c.cp_exposed = forwards * (cp - 1) * exposed(fwd_hop, c.attention_fwd / cp, true) +
+                   (cp - 1) * exposed(bwd_hop, c.attention_bwd / cp, true) + last_hop;
+  }
 
   if (l.tp > 1) {
     const int per_node = std::min(l.tp, hw.devices_per_node);  // TP groups are consecutive ranks
@@ -236,7 +259,7 @@ struct EndCosts {
 };
 
 EndCosts end_costs(const ModelDescription& m, const LayoutSpec& l, const HardwareSpec& hw, const Rates& r) {
-  const double t = l.tp, N = static_cast<double>(l.micro_batch * m.seq_length), h = static_cast<double>(m.hidden);
+  const double t = l.tp, N = static_cast<double>(l.micro_batch * m.seq_length / l.cp), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.padded_vocab(l.tp));
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double X = (sp ? N / t : N) * h * r.dsize, Xf = N * h * r.dsize;
@@ -261,8 +284,6 @@ std::string elementwise_note(const ModelDescription& m) {
                      m.swiglu ? "SwiGLU" : "GELU", m.position == PositionEmbedding::Rope ? ", rotary encoding" : "");
 }
 
-int nodes_spanned(int ranks, int devices_per_node) { return (ranks + devices_per_node - 1) / devices_per_node; }
-
 // One pipeline rank's work for one microbatch (all its chunks).
 struct StageCosts {
   int layers = 0;
@@ -270,7 +291,8 @@ struct StageCosts {
   double compute = 0, fwd_compute = 0, bwd_compute = 0;
   double tp = 0, tp_exposed = 0, tp_hidden = 0;
   double p2p = 0, p2p_exposed = 0, p2p_hidden = 0;
-  double total() const { return compute + tp_exposed + p2p_exposed; }
+  double cp = 0, cp_exposed = 0;
+  double total() const { return compute + tp_exposed + p2p_exposed + cp_exposed; }
 };
 
 // The data-parallel side of one pipeline rank: its gradient reduction and parameter gather.
@@ -322,10 +344,10 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   const int p = l.pp, v = l.vpp, G = hw.devices_per_node;
   const double mbs = static_cast<double>(l.microbatches());
   const bool sp = l.sequence_parallel && l.tp > 1;
-  const double X = static_cast<double>(sp ? l.micro_batch * m.seq_length / l.tp : l.micro_batch * m.seq_length) *
-                   static_cast<double>(m.hidden) * r.dsize;
-  // Pipeline neighbours are tp * dp ranks apart: once the pipeline spans nodes, some hop crosses one.
-  const bool pp_inter = nodes_spanned(l.tp * l.dp * p, G) > 1;
+  const int64_t tokens = l.micro_batch * m.seq_length / l.cp;  // this rank's, per microbatch
+  const double X = static_cast<double>(sp ? tokens / l.tp : tokens) * static_cast<double>(m.hidden) * r.dsize;
+  // Pipeline neighbours are tp * cp * dp ranks apart: once the pipeline spans nodes, some hop crosses one.
+  const bool pp_inter = nodes_spanned(l.tp * l.cp * l.dp * p, G) > 1;
   double recv = p2p_seconds(X, pp_inter, hw);
   if (l.p2p_scatter_gather && l.tp > 1 && !sp)  // 1/tp of it per rank, then an all-gather inside the node
     recv = p2p_seconds(X / l.tp, pp_inter, hw) + collective_seconds(X, l.tp, std::min(l.tp, G), 1, hw);
@@ -345,6 +367,7 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
       st.tp += layers * layer.tp_total();
       st.tp_exposed += layers * layer.tp_exposed(ov.tp);
       st.tp_hidden += layers * layer.tp_hidden(ov.tp);
+      st.cp += layers * layer.cp_total, st.cp_exposed += layers * layer.cp_exposed;
       if (stage == 0) {
         st.first = true;
         fwd += ends.embed_fwd, bwd += ends.embed_bwd;
@@ -374,16 +397,20 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   e.tp_comm_s = mbs * worst.tp_exposed;
   e.tp_comm_hidden_s = mbs * worst.tp_hidden;
   e.pp_comm_s = mbs * worst.p2p_exposed;
+  e.cp_comm_s = mbs * worst.cp_exposed;
+  e.cp_comm_hidden_s = mbs * (worst.cp - worst.cp_exposed);
   e.pp_comm_hidden_s = mbs * worst.p2p_hidden;
   e.bubble_s = pipeline - mbs * worst.total();
   e.bubble_fraction = e.bubble_s / (mbs * worst.total());
 
-  // Data parallel: the group is dp ranks tp apart; tp | devices_per_node puts devices_per_node / tp of
-  // them on each node (or all of them, when the group is smaller). Every stage reduces its own gradients
-  // at once; the step waits for the one with the most exposed.
+  // Data parallel: the group is dp x cp ranks tp apart (context ranks reduce their gradients with the
+  // data-parallel ones); tp | devices_per_node puts devices_per_node / tp of them on each node (or all of
+  // them, when the group is smaller). Every stage reduces its own gradients at once; the step waits for the
+  // one with the most exposed.
   const double gsize = static_cast<double>(dtype_size(l.grad_dtype));
-  const int per_node_dp = std::max(1, std::min(l.dp, G / std::max(1, l.tp)));
-  const bool sharded = l.distributed_optimizer && l.dp > 1;
+  const int R = l.grad_group();
+  const int per_node_dp = std::max(1, std::min(R, G / std::max(1, l.tp)));
+  const bool sharded = l.distributed_optimizer && R > 1;
   std::vector<StageDataParallel> dps(p);
   int dp_worst = 0;
   int64_t most_params = 0;
@@ -394,10 +421,10 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
     const double params = static_cast<double>(n);
     StageDataParallel& d = dps[rank];
     if (sharded) {
-      d.grad = collective_seconds(gsize * params, l.dp, per_node_dp, 1, hw);       // reduce-scatter
-      d.param = collective_seconds(r.dsize * params, l.dp, per_node_dp, 1, hw);    // all-gather
+      d.grad = collective_seconds(gsize * params, R, per_node_dp, 1, hw);       // reduce-scatter
+      d.param = collective_seconds(r.dsize * params, R, per_node_dp, 1, hw);    // all-gather
     } else {
-      d.grad = collective_seconds(gsize * params, l.dp, per_node_dp, 2, hw);       // all-reduce
+      d.grad = collective_seconds(gsize * params, R, per_node_dp, 2, hw);       // all-reduce
     }
     d.grad_exposed = exposed(d.grad, stages[rank].bwd_compute, ov.grad_reduce);
     d.grad_hidden = covered(d.grad, stages[rank].bwd_compute, ov.grad_reduce);
@@ -409,18 +436,18 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   double tied = 0;
   if (p > 1 && !m.untie_embeddings) {  // tied word embedding: first and last stage, p * tp * dp ranks apart
     const double table = gsize * static_cast<double>(m.padded_vocab(l.tp) / l.tp * m.hidden);
-    tied = collective_seconds(table, 2, nodes_spanned(l.tp * l.dp * p, G) > 1 ? 1 : 2, 2, hw);
+    tied = collective_seconds(table, 2, nodes_spanned(l.tp * l.cp * l.dp * p, G) > 1 ? 1 : 2, 2, hw);
   }
   // AdamW over this rank's shard: master, m, v read and written, gradient read; the cast back to the
   // compute dtype; zeroing, norm and clipping passes over the gradients.
-  const double shard = static_cast<double>(most_params) / (sharded ? l.dp : 1);
+  const double shard = static_cast<double>(most_params) / (sharded ? R : 1);
   e.optimizer_s = (shard * (28 + 4 + r.dsize + 4 + 8) + static_cast<double>(most_params) * gsize) / r.optimizer;
   e.dp_comm_s = dpw.exposed() + tied;
   e.dp_comm_hidden_s = dpw.grad_hidden + dpw.param_hidden;
   e.step_s = pipeline + e.dp_comm_s + e.optimizer_s;
   e.flops_per_step = megatron_flops_per_step(m, l);
   // Every device's GEMMs of one step: tp ranks and dp replicas, all layers and microbatches.
-  e.gemm_flops_per_step = static_cast<double>(l.tp) * static_cast<double>(l.dp) * mbs *
+  e.gemm_flops_per_step = static_cast<double>(l.tp) * static_cast<double>(R) * mbs *
                           (static_cast<double>(m.num_layers) * layer.gemm_flops + ends.head.flops());
   e.tflops_per_device = e.flops_per_step / e.step_s / l.world() / 1e12;
 
@@ -451,12 +478,17 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
     add("tensor parallel", "hidden under GEMMs", e.tp_comm_hidden_s, ov.tp ? "tp overlap" : "no tp overlap");
     add("tensor parallel", "exposed", e.tp_comm_s,
         ov.tp ? "what the split GEMMs cannot cover, the cost of splitting them, their slowdown" : "");
+    add("context parallel", "ring K/V and dK/dV hops", mbs * worst.cp,
+        l.cp == 1 ? "context 1" : fmt::format("{} ranks, {} hops per layer and microbatch", l.cp,
+                                              (l.recompute == Recompute::Full ? 3 : 2) * (l.cp - 1) + 1));
+    add("context parallel", "hidden under block attention", e.cp_comm_hidden_s, l.cp == 1 ? "" : "always overlapped");
+    add("context parallel", "exposed", e.cp_comm_s, l.cp == 1 ? "" : "what each step's block attention cannot cover, and the last dK/dV hop");
     add("pipeline", "receives", mbs * worst.p2p, p == 1 ? "pipeline 1" : fmt::format("{} per microbatch", v * 2 - (worst.first ? 1 : 0) - (worst.last ? 1 : 0)));
     add("pipeline", "hidden under chunk passes", e.pp_comm_hidden_s, ov.p2p ? "p2p overlap" : "no p2p overlap");
     add("pipeline", "exposed", e.pp_comm_s, ov.p2p ? "what the passes cannot cover, plus their slowdown" : "");
     add("pipeline", "bubble", e.bubble_s, fmt::format("{:.1f}% of the busy time", 100 * e.bubble_fraction));
     add("data parallel", "gradient reduction", dpw.grad,
-        l.dp == 1 ? "data 1" : sharded ? "reduce-scatter" : "all-reduce");
+        R == 1 ? "data 1" : sharded ? "reduce-scatter" : "all-reduce");
     add("data parallel", "hidden under the last backward", dpw.grad_hidden,
         ov.grad_reduce ? "grad-reduce overlap" : "no grad-reduce overlap");
     add("data parallel", "parameter all-gather", dpw.param, sharded ? "distributed optimizer" : "none");

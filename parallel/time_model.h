@@ -12,6 +12,8 @@
 //    as ring collectives over the node's links;
 //  - pipeline: m * S_max + (sum_r S_r - S_max) / v for the per-microbatch stage times S_r (Megatron's
 //    (m + (p - 1) / v) S for equal stages), with each stage's receives;
+//  - context parallel: each layer's ring attention hops (keys and values forward, with the dK/dV partial
+//    sums backward) beside the block attention of each ring step, the rank's tokens seq_length / cp;
 //  - data parallel: the gradient all-reduce (or reduce-scatter + parameter all-gather with the distributed
 //    optimizer) as a hierarchical ring, the tied-embedding all-reduce (none with an untied output layer),
 //    and the optimizer's memory traffic.
@@ -44,10 +46,12 @@ struct TimeEstimate {
   double pp_comm_s = 0;       // exposed pipeline receives of all microbatches
   double bubble_s = 0;        // pipeline fill and drain
   double dp_comm_s = 0;       // exposed gradient reduction and parameter gather over data parallel, tied embedding
+  double cp_comm_s = 0;       // exposed context-parallel ring hops of all microbatches
   double optimizer_s = 0;     // AdamW, clipping, zeroing the gradients
   double tp_comm_hidden_s = 0;
   double pp_comm_hidden_s = 0;
   double dp_comm_hidden_s = 0;
+  double cp_comm_hidden_s = 0;
   double step_s = 0;
   double bubble_fraction = 0;  // idle / busy of the pipeline
   double flops_per_step = 0;   // Megatron's count, recomputation included

@@ -149,6 +149,28 @@ class Backend {
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) = 0;
 
+  // ---- attention between two blocks of positions (context parallelism's ring, model/ring_attention.h) ----
+  // q [B*Tq, Wq]: rows whose first H*D columns are the queries (a packed qkv's rows); kv [B*Tk, Wk], Wk >=
+  // 2G*D: rows whose last 2G*D columns hold group g's key at g*D and its value at (G + g)*D (a packed qkv,
+  // or a [B*Tk, 2G*D] block of keys then values). causal: both blocks cover the same positions (Tq == Tk)
+  // and query i attends keys 0..i; otherwise every query attends every key. out [B*Tq, H*D] (any float
+  // dtype) and lse F32 [B, H, Tq] are attention_forward's over this block's keys alone.
+  virtual void attention_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t Tq, int64_t Tk,
+                                       int64_t H, int64_t G, int64_t D, bool causal, Tensor& out, Tensor& lse) = 0;
+  // dq F32 [B*Tq, H*D] += and dkv F32 [B*Tk, 2G*D] += this block's share of the gradient; out and lse are the
+  // queries' final output and statistics over every block (after attention_merge), dout [B*Tq, H*D].
+  virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                        const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                                        int64_t D, bool causal, Tensor& dq, Tensor& dkv) = 0;
+  // Folds one block's result into a running one over the same queries (the log-sum-exp merge):
+  // lse' = log(e^lse + e^lse_b), out' = e^(lse - lse') out + e^(lse_b - lse') out_b. out and out_b F32
+  // [B*T, H*D], lse and lse_b F32 [B, H, T].
+  virtual void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b, int64_t B,
+                               int64_t T, int64_t H, int64_t D) = 0;
+  // dst[:, dst_col .. dst_col + width) = src[:, src_col .. src_col + width) over the rows of two 2-D float
+  // tensors with the same row count (converting between float dtypes).
+  virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) = 0;
+
   // ---- softmax cross-entropy over a (possibly vocab-sharded) logits[N, Vl] ----
   // The three stages let the caller all-reduce max and sums over the tensor-parallel group between them.
   // row_max[n] = max over real columns of logits[n] (-inf if the shard has none). F32 [N].

@@ -101,6 +101,55 @@ AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const T
   return {B, T, H, G, D, Tq};
 }
 
+AttentionDims check_attention_block(const OpChecks& c, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                    const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                                    int64_t D, bool causal, const char* op) {
+  const std::string dims = check_head_counts(c, B, Tq, H, G, D, op) + " Tk=" + std::to_string(Tk);
+  c.require(Tk > 0, op, "the key block must hold at least one position (Tk=" + std::to_string(Tk) + ")");
+  c.require(!causal || Tq == Tk, op, "a causal block pairs queries and keys of the same positions, so Tq=" +
+                                         std::to_string(Tq) + " must equal Tk=" + std::to_string(Tk));
+  c.require_float(q, op, "q");
+  c.require(q.ndim() == 2 && q.dim(0) == B * Tq && q.dim(1) >= H * D, op,
+            "q " + describe(q) + " must be [B*Tq, >= H*D] for " + dims);
+  c.require_float(kv, op, "kv");
+  c.require(kv.ndim() == 2 && kv.dim(0) == B * Tk && kv.dim(1) >= 2 * G * D, op,
+            "kv " + describe(kv) + " must be [B*Tk, >= 2G*D] for " + dims);
+  c.require_float(out, op, "out");
+  c.require_numel(out, B * Tq * H * D, op, "out", "[B*Tq, H*D] for " + dims);
+  c.require_dtype(lse, DType::F32, op, "lse");
+  c.require_numel(lse, B * H * Tq, op, "lse", "[B, H, Tq] for " + dims);
+  return {B, Tk, H, G, D, Tq};
+}
+
+void check_attention_merge(const OpChecks& c, const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                           const Tensor& lse_b, int64_t B, int64_t T, int64_t H, int64_t D, const char* op) {
+  const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                           " D=" + std::to_string(D);
+  c.require(B > 0 && T > 0 && H > 0 && D > 0, op, "sizes must be positive (" + dims + ")");
+  for (auto [t, arg] : {std::pair<const Tensor*, const char*>{&out, "out"}, {&out_b, "out_b"}}) {
+    c.require_dtype(*t, DType::F32, op, arg);
+    c.require_numel(*t, B * T * H * D, op, arg, "[B*T, H*D] for " + dims);
+  }
+  for (auto [t, arg] : {std::pair<const Tensor*, const char*>{&lse, "lse"}, {&lse_b, "lse_b"}}) {
+    c.require_dtype(*t, DType::F32, op, arg);
+    c.require_numel(*t, B * H * T, op, arg, "[B, H, T] for " + dims);
+  }
+}
+
+void check_copy_columns(const OpChecks& c, const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
+                        int64_t width, const char* op) {
+  c.require_float(src, op, "src");
+  c.require_float(dst, op, "dst");
+  c.require(src.ndim() == 2 && dst.ndim() == 2 && src.dim(0) == dst.dim(0), op,
+            "src " + describe(src) + " and dst " + describe(dst) + " must be 2-D with the same row count");
+  c.require(width >= 0 && src_col >= 0 && dst_col >= 0 && src_col + width <= src.dim(1) &&
+                dst_col + width <= dst.dim(1),
+            op,
+            "columns [" + std::to_string(src_col) + ", +" + std::to_string(width) + ") of src " + describe(src) +
+                " or [" + std::to_string(dst_col) + ", +" + std::to_string(width) + ") of dst " + describe(dst) +
+                " fall outside the tensor");
+}
+
 namespace {
 
 // `t` has `like`'s dtype (the activations of one op share a dtype, so kernels are compiled per dtype).

@@ -66,6 +66,16 @@ AttentionDims check_attention(const OpChecks& c, const Tensor& qkv, const Tensor
 // The same with queries only for the last Tq positions: out [B*Tq, H*D], lse [B, H, Tq], 1 <= Tq <= T.
 AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                    int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G, int64_t D, const char* op);
+// attention_block_forward / _backward's q, kv, out and lse (backend.h); causal needs Tq == Tk.
+AttentionDims check_attention_block(const OpChecks& c, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                    const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                                    int64_t D, bool causal, const char* op);
+// attention_merge's operands: out, out_b F32 [B*T, H*D]; lse, lse_b F32 [B, H, T].
+void check_attention_merge(const OpChecks& c, const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                           const Tensor& lse_b, int64_t B, int64_t T, int64_t H, int64_t D, const char* op);
+// copy_columns: 2-D float tensors with equal row counts, each column range inside its tensor.
+void check_copy_columns(const OpChecks& c, const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
+                        int64_t width, const char* op);
 // B, T, H, G, D positive and G dividing H (shared by attention and rope); returns "B=.. T=.. H=.. D=.." for messages.
 std::string check_head_counts(const OpChecks& c, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                               const char* op);

@@ -1,8 +1,9 @@
 // Causal self-attention on the CPU (multi-head, or grouped-query with G key/value heads shared by H/G query
-// heads each), flash-style: queries in blocks of kQueryRows against keys in blocks of kKeyRows, an online
+// heads each), and attention between two blocks of positions (context parallelism's ring), flash-style: queries in blocks of kQueryRows against keys in blocks of kKeyRows, an online
 // softmax, and per-thread scratch only, so memory does not grow with B*H*T^2 (the [B, H, T, T]
 // probabilities are never formed). Q, K and V are read in place from the packed qkv rows (leading
-// dimension (H + 2G)*D; query head h reads key/value group h / (H/G)). Block products are single-threaded
+// dimension (H + 2G)*D; query head h reads key/value group h / (H/G)), or from a block of queries and one
+// of keys and values; one kernel per direction serves both, driven by a BlockGeometry. Block products are single-threaded
 // oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops; with bf16 activations, on CPUs with native bf16
 // products (AVX512-BF16 or AMX), they take bf16 operands (P and dS rounded to bf16 by the row kernels that
 // make them, for the products that consume them, as fused GPU kernels do) and accumulate in fp32; elsewhere
@@ -12,8 +13,8 @@
 //   S = scale Q K_j^T;  m' = max(m, rowmax S);  P = exp(S - m');  l = l e^(m - m') + rowsum P;
 //   O = O e^(m - m') + P V_j;  finally out = O / l and lse = m + log l.
 // Backward (FlashAttention-2's order), per (sequence, key/value group), for each query head of the group
-// in turn, with Dv = rowsum(dO * out) per query row, over key blocks j and then the query blocks i at or
-// below them (dQ, dK and dV accumulate in fp32: in dqkv itself when it is fp32, else in per-thread buffers
+// in turn, with Dv = rowsum(dO * out) per query row, over key blocks j and then the query blocks i that
+// reach them (dQ, dK and dV accumulate in fp32: in dqkv itself when it is fp32, else in an fp32 copy
 // rounded once; dK and dV sum over the group's heads):
 //   P = exp(scale Q_i K_j^T - lse_i);  dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - Dv_i);
 //   dQ_i += scale dS K_j;  dK_j += scale dS^T Q_i.
@@ -144,24 +145,41 @@ void store_rows(const float* block, int64_t rows, int64_t D, const float* scale,
 // or AMX: matmul_has_native_bf16); else on fp32 copies of Q, K, V and dO, with P and dS kept in fp32.
 bool bf16_products(const Tensor& qkv) { return qkv.dtype() == DType::BF16 && matmul_has_native_bf16(); }
 
-}  // namespace
+// Where one call reads: element offsets (in the operands) of the B sequences' queries and keys. Query row i
+// of sequence b, head h starts at q_first + b*q_seq + i*ldq + h*D; key row j of group g at k_first +
+// b*k_seq + j*ldk + g*D, its value G*D further. Query i attends keys 0..i + offset (offset >= Tk - 1: all).
+struct BlockGeometry {
+  int64_t B, Tq, Tk, H, G, D;
+  int64_t ldq, q_seq, q_first;
+  int64_t ldk, k_seq, k_first;
+  int64_t offset;
+  int64_t group(int64_t h) const { return h / (H / G); }
+};
 
-void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G,
-                                        int64_t D, Tensor& out, Tensor& lse) {
-  const char* op = "attention_forward";
-  const ops::AttentionDims d = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, G, D, op);
-  const ProductOperand x(qkv, bf16_products(qkv), op, "qkv");
-  const MatType t = x.bf16() ? MatType::BF16 : MatType::F32;
-  float* lsep = lse.f32();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld(), q0 = d.q0();
+// The packed qkv of B sequences of T positions, queries for the last Tq of each (attention_forward_last).
+BlockGeometry packed_geometry(const ops::AttentionDims& d) {
+  const int64_t ld = d.qkv_ld();
+  return {d.B, d.Tq, d.T, d.H, d.G, d.D, ld, d.T * ld, d.q0() * ld, ld, d.T * ld, d.k_offset(), d.q0()};
+}
+
+// A query block against a key/value block (attention_block_*): rows of q and kv as backend.h describes.
+BlockGeometry block_geometry(const Tensor& q, const Tensor& kv, const ops::AttentionDims& d, bool causal) {
+  const int64_t ldq = q.dim(1), ldk = kv.dim(1);
+  return {d.B, d.Tq, d.T, d.H, d.G, d.D, ldq, d.Tq * ldq, 0, ldk, d.T * ldk, ldk - 2 * d.G * d.D,
+          causal ? 0 : d.T};
+}
+
+// Forward over a geometry: out [B*Tq, H*D] (any float dtype), lse F32 [B, H, Tq].
+void attention_forward_kernel(const ProductOperand& xq, const ProductOperand& xk, MatType t, const BlockGeometry& g,
+                              Tensor& out, float* lsep) {
+  const int64_t B = g.B, Tq = g.Tq, Tk = g.Tk, H = g.H, G = g.G, D = g.D, ldo = H * D;
   const int64_t nblk = (Tq + kQueryRows - 1) / kQueryRows;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-
   // One task per (sequence, head, query block); later blocks see more keys and cost more, so they are
-  // handed out dynamically. Query row i is position q0 + i.
-  const bool threaded = B * H * Tq * T * D > (1 << 16);  // tiny problems are not worth waking threads for
+  // handed out dynamically. Query row i sees keys up to i + offset.
+  const bool threaded = B * H * Tq * Tk * D > (1 << 16);  // tiny problems are not worth waking threads for
   // Scratch sized to the call: a decoding step (Tq = 1) needs one score row, not a whole block.
-  const int64_t rows = std::min(kQueryRows, Tq), cols = std::min(kKeyRows, T);
+  const int64_t rows = std::min(kQueryRows, Tq), cols = std::min(kKeyRows, Tk);
 #pragma omp parallel if (threaded)
   {
     std::vector<float> s(rows * cols), o(rows * D), m(rows), l(rows);
@@ -171,16 +189,18 @@ void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T,
     for (int64_t task = 0; task < B * H * nblk; ++task) {
       const int64_t bh = task / nblk, blk = task % nblk;
       const int64_t b = bh / H, h = bh % H;
-      const int64_t q = b * T * ld + h * D;  // element offsets of row 0
-      const int64_t k = b * T * ld + d.k_offset() + d.group(h) * D, v = k + G * D;
+      const int64_t q = g.q_first + b * g.q_seq + h * D;  // element offsets of row 0
+      const int64_t k = g.k_first + b * g.k_seq + g.group(h) * D, v = k + G * D;
       const int64_t i0 = blk * kQueryRows, nr = std::min(Tq, i0 + kQueryRows) - i0;
-      const int64_t p0 = q0 + i0;  // position of the block's first query
+      const int64_t p0 = g.offset + i0;  // the last key the block's first query sees
+      const int64_t keys = std::min(Tk, p0 + nr);  // keys past the block's last query are masked
       std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t j0 = 0; j0 < p0 + nr; j0 += kKeyRows) {
-        const int64_t nc = std::min(kKeyRows, p0 + nr - j0);  // keys past the block's last query are masked
-        product(false, true, nr, nc, D, 1.f, t, x.at(q + p0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nc);
+      for (int64_t j0 = 0; j0 < keys; j0 += kKeyRows) {
+        const int64_t nc = std::min(kKeyRows, keys - j0);
+        product(false, true, nr, nc, D, 1.f, t, xq.at(q + i0 * g.ldq), g.ldq, xk.at(k + j0 * g.ldk), g.ldk, 0.f,
+                s.data(), nc);
         for (int64_t r = 0; r < nr; ++r) {
           const float alpha =
               online_softmax_row(s.data() + r * nc, causal_columns(p0 + r, j0, nc), nc, scale, &m[r], &l[r],
@@ -188,8 +208,7 @@ void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T,
           if (alpha != 1.f) scale_row(o.data() + r * D, D, alpha);
         }
         const void* p = t == MatType::BF16 ? static_cast<const void*>(p16.data()) : s.data();
-        product(false, false, nr, D, nc, 1.f, t, p, nc, x.at(v + j0 * ld), ld,
-                1.f, o.data(), D);
+        product(false, false, nr, D, nc, 1.f, t, p, nc, xk.at(v + j0 * g.ldk), g.ldk, 1.f, o.data(), D);
       }
       for (int64_t r = 0; r < nr; ++r) {
         lsep[bh * Tq + i0 + r] = m[r] + std::log(l[r]);
@@ -198,6 +217,96 @@ void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T,
       store_rows(o.data(), nr, D, l.data(), out, (b * Tq + i0) * ldo + h * D, ldo, w);
     }
   }
+}
+
+// fp32 gradient accumulators: dQ of query row i, head h at dq + q_first + b*q_seq + i*ldq + h*D; dK of key
+// row j, group g at dk + k_first + b*k_seq + j*ldk + g*D and dV G*D further (the geometry's strides, with
+// the accumulators' own leading dimensions).
+struct GradAccumulators {
+  float* dq;
+  int64_t ldq, q_seq;
+  float* dk;
+  int64_t ldk, k_seq, k_first;
+};
+
+// Backward over a geometry: adds the gradient into the accumulators (which the caller zeroes or keeps).
+void attention_backward_kernel(const ProductOperand& xq, const ProductOperand& xk, const ProductOperand& dO,
+                               MatType t, const BlockGeometry& g, const Tensor& dout, const Tensor& out,
+                               const float* lsep, const GradAccumulators& a) {
+  const int64_t B = g.B, Tq = g.Tq, Tk = g.Tk, H = g.H, G = g.G, D = g.D, ldo = H * D;
+  const bool bf16 = t == MatType::BF16;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+#pragma omp parallel if (B * H * Tq * Tk * D > (1 << 16))
+  {
+    std::vector<float> s(kBackwardQueryRows * kKeyRows), dp(s.size()), rowdot(Tq);
+    std::vector<uint16_t> p16(bf16 ? s.size() : 0), ds16(p16.size());
+    Windows w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bg = 0; bg < B * G; ++bg) {
+      const int64_t b = bg / G, grp = bg % G;
+      const int64_t k = g.k_first + b * g.k_seq + grp * D, v = k + G * D;  // element offsets of row 0
+      float* dk = a.dk + a.k_first + b * a.k_seq + grp * D;
+      float* dv = dk + G * D;
+      for (int64_t h = grp * (H / G); h < (grp + 1) * (H / G); ++h) {
+        const int64_t q = g.q_first + b * g.q_seq + h * D;
+        const int64_t o = b * Tq * ldo + h * D;  // in out and dout
+        float* dq = a.dq + b * a.q_seq + h * D;
+        const float* lrow = lsep + (b * H + h) * Tq;
+        for (int64_t i = 0; i < Tq; ++i) {
+          const float* orow = w.in(1, out, o + i * ldo, D);
+          rowdot[i] = dot_row(orow, w.in(2, dout, o + i * ldo, D), D);
+        }
+        for (int64_t j0 = 0; j0 < Tk; j0 += kKeyRows) {
+          const int64_t nc = std::min(kKeyRows, Tk - j0);
+          float *dkj = dk + j0 * a.ldk, *dvj = dv + j0 * a.ldk;
+          // Query blocks that reach key j0 (query i sees keys up to i + offset): the block holding row
+          // j0 - offset, then every block below it.
+          const int64_t first = std::max<int64_t>(0, j0 - g.offset);
+          for (int64_t i0 = first / kBackwardQueryRows * kBackwardQueryRows; i0 < Tq; i0 += kBackwardQueryRows) {
+            const int64_t nr = std::min(kBackwardQueryRows, Tq - i0);
+            // Keys past the block's last query are masked for all its rows: the products stop before them.
+            const int64_t nk = std::min(nc, i0 + nr + g.offset - j0);
+            product(false, true, nr, nk, D, 1.f, t, xq.at(q + i0 * g.ldq), g.ldq, xk.at(k + j0 * g.ldk), g.ldk, 0.f,
+                    s.data(), nk);
+            for (int64_t r = 0; r < nr; ++r)
+              probabilities_row(s.data() + r * nk, causal_columns(i0 + r + g.offset, j0, nk), nk, scale,
+                                lrow[i0 + r], bf16 ? p16.data() + r * nk : nullptr);
+            const void* p = bf16 ? static_cast<const void*>(p16.data()) : s.data();
+            product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dvj, a.ldk);
+            product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, xk.at(v + j0 * g.ldk), g.ldk, 0.f,
+                    dp.data(), nk);
+            for (int64_t r = 0; r < nr; ++r)
+              softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r], scale,
+                                   bf16 ? ds16.data() + r * nk : nullptr);
+            const void* ds = bf16 ? static_cast<const void*>(ds16.data()) : dp.data();
+            product(false, false, nr, D, nk, 1.f, t, ds, nk, xk.at(k + j0 * g.ldk), g.ldk, 1.f, dq + i0 * a.ldq,
+                    a.ldq);
+            product(true, false, nk, D, nr, 1.f, t, ds, nk, xq.at(q + i0 * g.ldq), g.ldq, 1.f, dkj, a.ldk);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward_last(const Tensor& qkv, int64_t B, int64_t T, int64_t Tq, int64_t H, int64_t G,
+                                        int64_t D, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward";
+  const ops::AttentionDims d = ops::check_attention_last(kChecks, qkv, out, lse, B, T, Tq, H, G, D, op);
+  const ProductOperand x(qkv, bf16_products(qkv), op, "qkv");
+  attention_forward_kernel(x, x, x.bf16() ? MatType::BF16 : MatType::F32, packed_geometry(d), out, lse.f32());
+}
+
+void CpuBackend::attention_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t Tq, int64_t Tk,
+                                         int64_t H, int64_t G, int64_t D, bool causal, Tensor& out, Tensor& lse) {
+  const char* op = "attention_block_forward";
+  const ops::AttentionDims d = ops::check_attention_block(kChecks, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
+  const bool bf16 = bf16_products(q) && bf16_products(kv);
+  const ProductOperand xq(q, bf16, op, "q"), xk(kv, bf16, op, "kv");
+  attention_forward_kernel(xq, xk, bf16 ? MatType::BF16 : MatType::F32, block_geometry(q, kv, d, causal), out,
+                           lse.f32());
 }
 
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -210,72 +319,76 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   require_numel(dqkv, qkv.numel(), op, "dqkv", "qkv's shape " + shape_str(qkv.shape()));
   const bool bf16 = bf16_products(qkv);
   const ProductOperand x(qkv, bf16, op, "qkv"), dO(dout, bf16, op, "dout");
-  const MatType t = bf16 ? MatType::BF16 : MatType::F32;
-  const float* lsep = lse.f32();
-  const int64_t ld = d.qkv_ld(), ldo = d.out_ld();
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  // An fp32 dqkv is accumulated in place; a 16-bit one through per-thread fp32 [T, D] buffers, rounded once.
+  // An fp32 dqkv accumulates in place; a 16-bit one in an fp32 copy, rounded once.
   const bool in_place = dqkv.dtype() == DType::F32;
-  const int64_t lda = in_place ? ld : D;  // leading dimension of the dQ, dK and dV accumulators
+  std::vector<float> staged(in_place ? 0 : static_cast<size_t>(qkv.numel()));
+  float* acc = in_place ? dqkv.f32() : staged.data();
+  std::fill_n(acc, qkv.numel(), 0.f);
+  const int64_t ld = d.qkv_ld();
+  const GradAccumulators a{acc, ld, T * ld, acc, ld, T * ld, d.k_offset()};
+  attention_backward_kernel(x, x, dO, bf16 ? MatType::BF16 : MatType::F32, packed_geometry(d), dout, out, lse.f32(),
+                            a);
+  if (!in_place) from_f32(acc, dqkv.raw(), dqkv.dtype(), dqkv.numel());
+}
 
-#pragma omp parallel if (B * H * T * T * D > (1 << 16))
+void CpuBackend::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                          const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                                          int64_t D, bool causal, Tensor& dq, Tensor& dkv) {
+  const char* op = "attention_block_backward";
+  const ops::AttentionDims d = ops::check_attention_block(kChecks, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
+  require_float(dout, op, "dout");
+  require_numel(dout, B * Tq * H * D, op, "dout", "[B*Tq, H*D]");
+  require_dtype(dq, DType::F32, op, "dq");
+  require_numel(dq, B * Tq * H * D, op, "dq", "[B*Tq, H*D]");
+  require_dtype(dkv, DType::F32, op, "dkv");
+  require_numel(dkv, B * Tk * 2 * G * D, op, "dkv", "[B*Tk, 2G*D]");
+  const bool bf16 = bf16_products(q) && bf16_products(kv);
+  const ProductOperand xq(q, bf16, op, "q"), xk(kv, bf16, op, "kv"), dO(dout, bf16, op, "dout");
+  const int64_t ldq = H * D, ldk = 2 * G * D;
+  const GradAccumulators a{dq.f32(), ldq, Tq * ldq, dkv.f32(), ldk, Tk * ldk, 0};
+  attention_backward_kernel(xq, xk, dO, bf16 ? MatType::BF16 : MatType::F32, block_geometry(q, kv, d, causal), dout,
+                            out, lse.f32(), a);
+}
+
+void CpuBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b, int64_t B,
+                                 int64_t T, int64_t H, int64_t D) {
+  ops::check_attention_merge(kChecks, out, lse, out_b, lse_b, B, T, H, D, "attention_merge");
+  float* o = out.f32();
+  float* l = lse.f32();
+  const float* ob = out_b.f32();
+  const float* lb = lse_b.f32();
+#pragma omp parallel for schedule(static) if (B * T * H * D > (1 << 15))
+  for (int64_t n = 0; n < B * T; ++n) {
+    const int64_t b = n / T, t = n % T;
+    for (int64_t h = 0; h < H; ++h) {
+      float& la = l[(b * H + h) * T + t];
+      const float lbv = lb[(b * H + h) * T + t];
+      const float m = std::max(la, lbv);
+      if (m == kNegInf) continue;  // neither block has a key for this query yet
+      const float merged = m + std::log(std::exp(la - m) + std::exp(lbv - m));
+      const float wa = std::exp(la - merged), wb = std::exp(lbv - merged);
+      float* orow = o + n * H * D + h * D;
+      const float* brow = ob + n * H * D + h * D;
+#pragma omp simd
+      for (int64_t c = 0; c < D; ++c) orow[c] = wa * orow[c] + wb * brow[c];
+      la = merged;
+    }
+  }
+}
+
+void CpuBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  const char* op = "copy_columns";
+  ops::check_copy_columns(kChecks, src, src_col, dst, dst_col, width, op);
+  const int64_t rows = src.dim(0), lds = src.dim(1), ldd = dst.dim(1);
+#pragma omp parallel if (rows * width > (1 << 15))
   {
-    std::vector<float> s(kBackwardQueryRows * kKeyRows), dp(s.size());
-    std::vector<float> buffers(in_place ? 0 : 3 * T * D), rowdot(T);
-    std::vector<uint16_t> p16(bf16 ? s.size() : 0), ds16(p16.size());
     Windows w;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t bg = 0; bg < B * G; ++bg) {
-      const int64_t b = bg / G, g = bg % G;
-      const int64_t k = b * T * ld + d.k_offset() + g * D, v = k + G * D;  // element offsets of row 0
-      float* dk = in_place ? dqkv.f32() + k : buffers.data();
-      float* dv = in_place ? dqkv.f32() + v : buffers.data() + T * D;
-      // dK and dV sum over the group's heads and over query blocks that start at different keys: zero first.
-      for (int64_t r = 0; r < T; ++r) {
-        std::fill_n(dk + r * lda, D, 0.f);
-        std::fill_n(dv + r * lda, D, 0.f);
-      }
-      for (int64_t h = g * d.group_size(); h < (g + 1) * d.group_size(); ++h) {
-        const int64_t q = b * T * ld + h * D;
-        const int64_t o = b * T * ldo + h * D;  // in out and dout
-        float* dq = in_place ? dqkv.f32() + q : buffers.data() + 2 * T * D;
-        const float* lrow = lsep + (b * H + h) * T;
-        for (int64_t i = 0; i < T; ++i) {
-          const float* orow = w.in(1, out, o + i * ldo, D);
-          rowdot[i] = dot_row(orow, w.in(2, dout, o + i * ldo, D), D);
-        }
-        for (int64_t j0 = 0; j0 < T; j0 += kKeyRows) {
-          const int64_t nc = std::min(kKeyRows, T - j0);
-          float *dkj = dk + j0 * lda, *dvj = dv + j0 * lda;
-          // Every query row attends to key 0, so the first key block's products overwrite dQ (no zeroing).
-          const float dq_beta = j0 == 0 ? 0.f : 1.f;
-          // Query blocks that reach key j0 or later: the block holding row j0, then every block below it.
-          for (int64_t i0 = j0 / kBackwardQueryRows * kBackwardQueryRows; i0 < T; i0 += kBackwardQueryRows) {
-            const int64_t nr = std::min(kBackwardQueryRows, T - i0);
-            // Keys past the block's last query are masked for all its rows: the products stop before them.
-            const int64_t nk = std::min(nc, i0 + nr - j0);
-            product(false, true, nr, nk, D, 1.f, t, x.at(q + i0 * ld), ld, x.at(k + j0 * ld), ld, 0.f, s.data(), nk);
-            for (int64_t r = 0; r < nr; ++r)
-              probabilities_row(s.data() + r * nk, causal_columns(i0 + r, j0, nk), nk, scale, lrow[i0 + r],
-                                bf16 ? p16.data() + r * nk : nullptr);
-            const void* p = bf16 ? static_cast<const void*>(p16.data()) : s.data();
-            product(true, false, nk, D, nr, 1.f, t, p, nk, dO.at(o + i0 * ldo), ldo, 1.f, dvj, lda);
-            product(false, true, nr, nk, D, 1.f, t, dO.at(o + i0 * ldo), ldo, x.at(v + j0 * ld), ld, 0.f,
-                    dp.data(), nk);
-            for (int64_t r = 0; r < nr; ++r)
-              softmax_backward_row(s.data() + r * nk, dp.data() + r * nk, nk, rowdot[i0 + r], scale,
-                                   bf16 ? ds16.data() + r * nk : nullptr);
-            const void* ds = bf16 ? static_cast<const void*>(ds16.data()) : dp.data();
-            product(false, false, nr, D, nk, 1.f, t, ds, nk, x.at(k + j0 * ld), ld, dq_beta, dq + i0 * lda, lda);
-            product(true, false, nk, D, nr, 1.f, t, ds, nk, x.at(q + i0 * ld), ld, 1.f, dkj, lda);
-          }
-        }
-        if (!in_place) store_rows(dq, T, D, nullptr, dqkv, q, ld, w);
-      }
-      if (!in_place) {
-        store_rows(dk, T, D, nullptr, dqkv, k, ld, w);
-        store_rows(dv, T, D, nullptr, dqkv, v, ld, w);
-      }
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* in = w.in(0, src, r * lds + src_col, width);
+      float* o = w.out(1, dst, r * ldd + dst_col, width);
+      std::copy_n(in, width, o);
+      w.store(1, dst, r * ldd + dst_col, width);
     }
   }
 }

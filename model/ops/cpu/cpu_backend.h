@@ -67,6 +67,14 @@ class CpuBackend final : public Backend {
                               Tensor& out, Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                           int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) override;
+  void attention_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                               int64_t G, int64_t D, bool causal, Tensor& out, Tensor& lse) override;
+  void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G, int64_t D,
+                                bool causal, Tensor& dq, Tensor& dkv) override;
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b, int64_t B, int64_t T,
+                       int64_t H, int64_t D) override;
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
 
   void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
   void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,

@@ -44,7 +44,8 @@ __global__ void causal_softmax_kernel(float* s, void* p, DType pd, float* lse, i
   const float neg_inf = -__int_as_float(0x7f800000);
   // Online max and sum of exponentials over this lane's share of columns 0..q.
   float m = neg_inf, sum = 0.f;
-  for (int64_t j = lane; j <= q; j += 32) {
+  const int64_t last = q < T - 1 ? q : T - 1;  // a query past the block's keys sees all of them
+  for (int64_t j = lane; j <= last; j += 32) {
     const float v = r[j];
     if (v > m) {
       sum = sum * expf(m - v) + 1.f;
@@ -69,13 +70,14 @@ __global__ void causal_softmax_kernel(float* s, void* p, DType pd, float* lse, i
   }
 }
 
-// In place on s [rows = H*T, T] holding scaled scores: P = exp(S - lse[r]) on the causal columns, zero
-// above; also rounded to `pd` into p when p is non-null.
-__global__ void probabilities_kernel(float* s, void* p, DType pd, const float* lse, int64_t rows, int64_t T) {
+// In place on s [rows = H*Tq, T] holding scaled scores: P = exp(S - lse[r]) on the columns row r's query
+// (position q0 + r % Tq) sees, zero past them; also rounded to `pd` into p when p is non-null.
+__global__ void probabilities_kernel(float* s, void* p, DType pd, const float* lse, int64_t rows, int64_t Tq,
+                                     int64_t T, int64_t q0) {
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int64_t q = row % T;
+  const int64_t q = q0 + row % Tq;
   const float l = lse[row];
   float* r = s + row * T;
   for (int64_t j = lane; j < T; j += 32) {
@@ -227,7 +229,7 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
       gemm(g, op);
     }
     probabilities_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
-        p.f32(), X == DType::F32 ? nullptr : p16.raw(), X, lse.f32() + b * rows, rows, T);
+        p.f32(), X == DType::F32 ? nullptr : p16.raw(), X, lse.f32() + b * rows, rows, T, T, 0);
     check_launch(op);
 
     // Where dK and dV go: straight into dqkv's rows (one head per group), or summed into acc.
@@ -285,6 +287,190 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
       check_launch(op);
     }
   }
+}
+
+
+// ---- attention between two blocks of positions (context parallelism's ring) ----
+// The same unfused products on a query block q [B*Tq, ldq] against a key/value block kv [B*Tk, ldk] (keys
+// at column ldk - 2G*D, values G*D after them), one sequence at a time. A causal block masks key j > query
+// i; a full one masks nothing (the softmax kernels' q0 = Tk: every query sees every key). Backward adds into
+// the fp32 accumulators with beta = 1, so dK and dV sum over a group's heads and over blocks with no scratch.
+
+namespace {
+
+// out (F32 [B*T, H*D]) and lse (F32 [B, H, T]) merged with a block's out_b and lse_b, one warp per (b, h, t).
+__global__ void attention_merge_kernel(float* out, float* lse, const float* out_b, const float* lse_b, int64_t B,
+                                       int64_t T, int64_t H, int64_t D) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);  // (b, h, t)
+  if (row >= B * H * T) return;
+  const int64_t t = row % T, bh = row / T, h = bh % H, b = bh / H;
+  const float la = lse[row], lb = lse_b[row];
+  const float m = fmaxf(la, lb);
+  if (m == -__int_as_float(0x7f800000)) return;  // neither block has a key for this query yet
+  const float merged = m + logf(expf(la - m) + expf(lb - m));
+  const float wa = expf(la - merged), wb = expf(lb - merged);
+  const int64_t first = ((b * T + t) * H + h) * D;
+  for (int64_t d = lane; d < D; d += 32) out[first + d] = wa * out[first + d] + wb * out_b[first + d];
+  __syncwarp();
+  if (lane == 0) lse[row] = merged;
+}
+
+__global__ void copy_columns_kernel(const void* src, DType sd, int64_t src_ld, int64_t src_col, void* dst, DType dd,
+                                    int64_t dst_ld, int64_t dst_col, int64_t rows, int64_t width) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * width;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / width, c = e % width;
+    store_from_f32(dst, dd, r * dst_ld + dst_col + c, load_as_f32(src, sd, r * src_ld + src_col + c));
+  }
+}
+
+// q and kv feed the same tensor-core products, so they share a dtype.
+void require_same_dtype(const Tensor& q, const Tensor& kv, const char* op) {
+  kChecks.require(q.dtype() == kv.dtype(), op,
+                  "q " + ops::describe(q) + " and kv " + ops::describe(kv) + " must share a dtype");
+}
+
+}  // namespace
+
+void CudaBackend::attention_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t Tq, int64_t Tk,
+                                          int64_t H, int64_t G, int64_t D, bool causal, Tensor& out, Tensor& lse) {
+  const char* op = "attention_block_forward";
+  ops::check_attention_block(kChecks, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
+  require_same_dtype(q, kv, op);
+  const DType X = q.dtype();
+  require_product_output(out, X, op, "out");
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int64_t ldq = q.dim(1), ldk = kv.dim(1), koff = ldk - 2 * G * D, ldo = H * D, rows = H * Tq;
+  const int64_t r = H / G, TT = Tq * Tk;
+  Tensor scores = empty({H, Tq, Tk});
+  Tensor p16;
+  if (X != DType::F32) p16 = empty({H, Tq, Tk}, X);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t qb = b * Tq * ldq, kb = b * Tk * ldk + koff, vb = kb + G * D;
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g;  // S = scale * Q K^T, fp32
+      g.batch = G, g.m = Tq, g.n = Tk, g.k = D;
+      g.a = at(q, qb + j * D), g.lda = ldq, g.stride_a = r * D;
+      g.b = at(kv, kb), g.ldb = ldk, g.stride_b = D, g.trans_b = true;
+      g.c = at(scores, j * TT), g.ldc = Tk, g.stride_c = r * TT;
+      g.c_dtype = DType::F32, g.ab = X, g.alpha = scale;
+      gemm(g, op);
+    }
+    causal_softmax_kernel<<<warp_row_blocks(rows, op), 32 * kRowsPerBlock, 0, stream_>>>(
+        scores.f32(), p16.defined() ? p16.raw() : nullptr, X, lse.f32() + b * rows, rows, Tq, Tk, causal ? 0 : Tk);
+    check_launch(op);
+    const Tensor& P = p16.defined() ? p16 : scores;
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs pv;  // O = P V
+      pv.batch = G, pv.m = Tq, pv.n = D, pv.k = Tk;
+      pv.a = at(P, j * TT), pv.lda = Tk, pv.stride_a = r * TT;
+      pv.b = at(kv, vb), pv.ldb = ldk, pv.stride_b = D;
+      pv.c = at(out, b * Tq * ldo + j * D), pv.ldc = ldo, pv.stride_c = r * D, pv.c_dtype = out.dtype();
+      pv.ab = X;
+      gemm(pv, op);
+    }
+  }
+}
+
+void CudaBackend::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                           const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                                           int64_t D, bool causal, Tensor& dq, Tensor& dkv) {
+  const char* op = "attention_block_backward";
+  ops::check_attention_block(kChecks, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
+  require_same_dtype(q, kv, op);
+  require_float(dout, op, "dout");
+  require_numel(dout, B * Tq * H * D, op, "dout", "[B*Tq, H*D]");
+  require_dtype(dq, DType::F32, op, "dq");
+  require_numel(dq, B * Tq * H * D, op, "dq", "[B*Tq, H*D]");
+  require_dtype(dkv, DType::F32, op, "dkv");
+  require_numel(dkv, B * Tk * 2 * G * D, op, "dkv", "[B*Tk, 2G*D]");
+  const DType X = q.dtype();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int64_t ldq = q.dim(1), ldk = kv.dim(1), koff = ldk - 2 * G * D, ldo = H * D, lda = 2 * G * D;
+  const int64_t rows = H * Tq, r = H / G, TT = Tq * Tk;
+  const unsigned row_grid = warp_row_blocks(rows, op);
+  Tensor dv_rows = empty({B, H, Tq});  // Dv = rowsum(dO * O)
+  row_dot_kernel<<<warp_row_blocks(B * rows, op), 32 * kRowsPerBlock, 0, stream_>>>(
+      out.raw(), out.dtype(), dout.raw(), dout.dtype(), dv_rows.f32(), B, Tq, H, D);
+  check_launch(op);
+  const Tensor dO = as_dtype(dout, X);
+  Tensor p = empty({H, Tq, Tk}), dP = empty({H, Tq, Tk});
+  Tensor p16 = X == DType::F32 ? p : empty({H, Tq, Tk}, X);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t qb = b * Tq * ldq, kb = b * Tk * ldk + koff, vb = kb + G * D, o = b * Tq * ldo;
+    float* dqb = dq.f32() + b * Tq * ldo;
+    float* dkb = dkv.f32() + b * Tk * lda;
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g;  // S = scale * Q K^T, fp32, then P
+      g.batch = G, g.m = Tq, g.n = Tk, g.k = D;
+      g.a = at(q, qb + j * D), g.lda = ldq, g.stride_a = r * D;
+      g.b = at(kv, kb), g.ldb = ldk, g.stride_b = D, g.trans_b = true;
+      g.c = at(p, j * TT), g.ldc = Tk, g.stride_c = r * TT, g.c_dtype = DType::F32;
+      g.ab = X, g.alpha = scale;
+      gemm(g, op);
+    }
+    probabilities_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(
+        p.f32(), X == DType::F32 ? nullptr : p16.raw(), X, lse.f32() + b * rows, rows, Tq, Tk, causal ? 0 : Tk);
+    check_launch(op);
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g;  // dV += P^T dO
+      g.batch = G, g.m = Tk, g.n = D, g.k = Tq;
+      g.a = at(p16, j * TT), g.lda = Tk, g.stride_a = r * TT, g.trans_a = true;
+      g.b = at(dO, o + j * D), g.ldb = ldo, g.stride_b = r * D;
+      g.c = dkb + G * D, g.ldc = lda, g.stride_c = D, g.c_dtype = DType::F32, g.beta = 1.f;
+      g.ab = X;
+      gemm(g, op);
+
+      g = GemmArgs();  // dP = dO V^T, fp32
+      g.batch = G, g.m = Tq, g.n = Tk, g.k = D;
+      g.a = at(dO, o + j * D), g.lda = ldo, g.stride_a = r * D;
+      g.b = at(kv, vb), g.ldb = ldk, g.stride_b = D, g.trans_b = true;
+      g.c = at(dP, j * TT), g.ldc = Tk, g.stride_c = r * TT, g.c_dtype = DType::F32;
+      g.ab = X;
+      gemm(g, op);
+    }
+    Tensor dS = X == DType::F32 ? dP : p16;
+    softmax_backward_kernel<<<row_grid, 32 * kRowsPerBlock, 0, stream_>>>(p.f32(), dP.f32(), dS.raw(), X,
+                                                                         dv_rows.f32() + b * rows, rows, Tk, scale);
+    check_launch(op);
+    for (int64_t j = 0; j < r; ++j) {
+      GemmArgs g;  // dQ += dS K
+      g.batch = G, g.m = Tq, g.n = D, g.k = Tk;
+      g.a = at(dS, j * TT), g.lda = Tk, g.stride_a = r * TT;
+      g.b = at(kv, kb), g.ldb = ldk, g.stride_b = D;
+      g.c = dqb + j * D, g.ldc = ldo, g.stride_c = r * D, g.c_dtype = DType::F32, g.beta = 1.f;
+      g.ab = X;
+      gemm(g, op);
+
+      g = GemmArgs();  // dK += dS^T Q
+      g.batch = G, g.m = Tk, g.n = D, g.k = Tq;
+      g.a = at(dS, j * TT), g.lda = Tk, g.stride_a = r * TT, g.trans_a = true;
+      g.b = at(q, qb + j * D), g.ldb = ldq, g.stride_b = r * D;
+      g.c = dkb, g.ldc = lda, g.stride_c = D, g.c_dtype = DType::F32, g.beta = 1.f;
+      g.ab = X;
+      gemm(g, op);
+    }
+  }
+}
+
+void CudaBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b, int64_t B,
+                                  int64_t T, int64_t H, int64_t D) {
+  const char* op = "attention_merge";
+  ops::check_attention_merge(kChecks, out, lse, out_b, lse_b, B, T, H, D, op);
+  attention_merge_kernel<<<warp_row_blocks(B * H * T, op), 32 * kRowsPerBlock, 0, stream_>>>(
+      out.f32(), lse.f32(), out_b.f32(), lse_b.f32(), B, T, H, D);
+  check_launch(op);
+}
+
+void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
+  const char* op = "copy_columns";
+  ops::check_copy_columns(kChecks, src, src_col, dst, dst_col, width, op);
+  const int64_t rows = src.dim(0);
+  if (rows * width == 0) return;
+  copy_columns_kernel<<<grid_for(rows * width, 256), 256, 0, stream_>>>(
+      src.raw(), src.dtype(), src.dim(1), src_col, dst.raw(), dst.dtype(), dst.dim(1), dst_col, rows, width);
+  check_launch(op);
 }
 
 }  // namespace gpt

@@ -135,6 +135,14 @@ class CudaBackend final : public Backend {
                               Tensor& out, Tensor& lse) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t B,
                           int64_t T, int64_t H, int64_t G, int64_t D, Tensor& dqkv) override;
+  void attention_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                               int64_t G, int64_t D, bool causal, Tensor& out, Tensor& lse) override;
+  void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G, int64_t D,
+                                bool causal, Tensor& dq, Tensor& dkv) override;
+  void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b, int64_t B, int64_t T,
+                       int64_t H, int64_t D) override;
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
   // model.attention_backend: auto (cuDNN's fused attention where it takes the shape, else the unfused
   // path, with one logged warning), cudnn (an error instead of the fallback), unfused.
   void set_attention_backend(const std::string& name) override;
