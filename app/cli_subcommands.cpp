@@ -85,6 +85,7 @@ void define_schedule(Flags& f, ScheduleOptions& o) {
   f.integer("--pp", o.pp, "pipeline stages");
   f.integer("--vpp", o.vpp, "virtual stages (model chunks) per rank; > 1 is the interleaved schedule");
   f.integer("--microbatches", o.microbatches, "microbatches per step");
+  f.integer("--cp", o.cp, "context-parallel ranks: also print the chunk assignment and the ring attention steps");
 }
 
 void define_config(Flags& f, ConfigCommandOptions& o) {

@@ -29,6 +29,7 @@
 #include "parallel/host_messages.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/communicator_factory.h"
+#include "parallel/context_parallel.h"
 #include "parallel/memory_model.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
@@ -233,7 +234,9 @@ int schedule_main(const ScheduleOptions& options) {
                                std::to_string(m) + " make " + std::to_string(static_cast<int64_t>(passes)) +
                                " passes over all ranks, more than the " + std::to_string(kMaxPrintedPasses) +
                                " this command prints");
+    if (options.cp < 1 || options.cp > 1024) throw std::runtime_error("--cp must be 1..1024");
     std::cout << format_schedule(p, v, m);
+    if (options.cp > 1) std::cout << "\n" << format_ring_schedule(static_cast<int>(options.cp));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "gpt-train schedule: " << e.what() << "\n";

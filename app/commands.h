@@ -37,6 +37,7 @@ struct EvalOptions {
 
 struct ScheduleOptions {
   int64_t pp = 1, vpp = 1, microbatches = 1;
+  int64_t cp = 1;  // > 1: also the context-parallel chunk assignment and ring steps
 };
 
 struct ConfigCommandOptions {

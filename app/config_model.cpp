@@ -69,8 +69,15 @@ GridLayout grid_layout_from_config(const ParallelConfig& parallel, int world) {
     if (v < INT_MIN || v > INT_MAX) throw GridError(std::string(key) + " = " + std::to_string(v) + " is out of range");
     return static_cast<int>(v);
   };
-  return GridLayout(world, narrow("parallel.tensor", parallel.tensor), narrow("parallel.pipeline", parallel.pipeline),
-                    narrow("parallel.data", parallel.data), narrow("parallel.context", parallel.context));
+  const int tp = narrow("parallel.tensor", parallel.tensor), pp = narrow("parallel.pipeline", parallel.pipeline);
+  const int dp = narrow("parallel.data", parallel.data), cp = narrow("parallel.context", parallel.context);
+  try {
+    return GridLayout(world, tp, pp, dp, cp);
+  } catch (const GridError& e) {
+    throw GridError(std::string(e.what()) +
+                    " (the config's parallel.tensor, parallel.pipeline, parallel.context and parallel.data; "
+                    "parallel.data 0 derives it from the world size)");
+  }
 }
 
 }  // namespace gpt

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <set>
 
+#include "parallel/context_parallel.h"
+
 extern char** environ;
 
 namespace gpt {
@@ -325,6 +327,10 @@ std::string describe_layout(const GridLayout& layout, const std::vector<std::str
       out += "  " + std::string(group_kind_name(kind)) + " group " + std::to_string(g) + " [" +
              shared_coords(kind, layout.coord_of(groups[g][0]), context) + "]: " + ranks_with_hosts(groups[g], hosts) + "\n";
   }
+  if (context)
+    out += "context chunks (each sequence in " + std::to_string(2 * layout.cp()) +
+           ", context rank r holds chunks r and " + std::to_string(2 * layout.cp() - 1) +
+           " - r): " + context_chunk_picture(layout.cp()) + "\n";
   for (const auto& w : layout_warnings(layout, hosts)) out += "warning: " + w + "\n";
   return out;
 }

@@ -40,4 +40,9 @@ std::vector<RingBlock> ring_blocks(int size, int rank, int step);
 //   sequence of 4 chunks: | c0 r0 | c1 r1 | c2 r1 | c3 r0 |
 std::string context_chunk_picture(int size);
 
+// The picture and every rank's ring steps as a table (`gpt-train schedule --cp N`): at each step the rank
+// it holds keys and values from and the blocks it runs, e.g. "q3.k0 full" (query chunk 3 against key chunk
+// 0) or "q0.k0 causal".
+std::string format_ring_schedule(int size);
+
 }  // namespace gpt

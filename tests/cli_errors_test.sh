@@ -37,6 +37,12 @@ expect_error "unknown option --bogus for 'config'" "$BIN" config --config "$CFG"
 expect_error "unknown option --bogus for 'train'" "${MPI[@]}" -np 2 "$BIN" --config "$CFG" --bogus 1
 expect_error "world size 3 is not divisible by tensor \(2\)" "${MPI[@]}" -np 3 "$BIN" --config "$CFG" --set parallel.tensor=2
 expect_error "world size 4 does not equal" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.tensor=2 --set parallel.data=1
+# Context parallelism: the sequence must cut into 2 x parallel.context chunks, and the world must match
+# tensor x pipeline x context x data, each error naming the keys.
+expect_error "model.seq_length \(64\) must be divisible by 2 x parallel.context \(2 x 3\)" "$BIN" --config "$CFG" --set parallel.context=3
+expect_error "parallel.context must be at least 1" "$BIN" --config "$CFG" --set parallel.context=0
+expect_error "world size 4 does not equal tensor \(2\) x pipeline \(1\) x context \(2\) x data \(2\) = 8.*parallel.context" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.tensor=2 --set parallel.context=2 --set parallel.data=2
+expect_error "world size 3 is not divisible by tensor \(1\) x pipeline \(1\) x context \(2\) = 2" "${MPI[@]}" -np 3 "$BIN" --config "$CFG" --set parallel.context=2
 expect_error "num_layers.*pipeline|layers.*divisible" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.pipeline=4 --set model.num_layers=6
 expect_error "interleaved schedule needs microbatches" "${MPI[@]}" -np 2 "$BIN" --config "$CFG" --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set model.num_layers=4 --set training.global_batch_size=12
 expect_error "unknown subcommand" "$BIN" frobnicate

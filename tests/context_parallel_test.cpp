@@ -7,6 +7,8 @@
 //    and adds dK/dV block by block, and the data-parallel reduction adds the ranks' token shares);
 //  - a 6-step training run's losses, eval loss and final weights, in fp32, bf16 and fp16, within the
 //    tolerances layout_test.cpp argues for the other layouts (below).
+//  - a checkpoint saved at context 4 resumes at context 2 and 1, and one saved at context 1 resumes at
+//    context 4 (context is not a storage dimension), continuing the uninterrupted run's losses.
 // The references run on every rank without MPI; each layout runs on groups of tp*cp*pp*dp ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -16,6 +18,7 @@
 #include <map>
 
 #include "app/trainer.h"
+#include "checkpoint_test_util.h"
 #include "data/batch_loader.h"
 #include "llama_variants.h"
 #include "parallel/data_parallel.h"
@@ -256,6 +259,31 @@ const std::vector<Layout>& layouts() {
   return all;
 }
 
+// A directory every rank agrees on.
+std::string shared_temp_dir(const std::string& tag) {
+  char buf[512] = {};
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::snprintf(buf, sizeof buf, "%s", ckpt_test::make_temp_dir(tag).c_str());
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return buf;
+}
+
+// Resumes `load` in layout l for steps 4..6 and checks them against the uninterrupted one-rank run.
+void expect_resumed(const Layout& l, const std::string& load, const RunResult& whole, const std::string& what) {
+  Config cfg = layout_config(l, "fp32", false);
+  cfg.checkpoint.load = load;
+  const RunResult r = l.size() == 1 ? [&] {
+    ParallelState ps = single_process_state();
+    return train(cfg, ps);
+  }()
+                                    : on_group(l, cfg, what, train);
+  ASSERT_EQ(r.losses.size(), 3u) << what;
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(r.losses[i], whole.losses[3 + i], 1e-5 * whole.losses[3 + i]) << what << " step " << 4 + i;
+  EXPECT_NEAR(r.eval_loss, whole.eval_loss, 1e-5 * whole.eval_loss) << what;
+}
+
 class ContextGradients : public ::testing::TestWithParam<bool> {};
 class ContextTraining : public ::testing::TestWithParam<std::tuple<bool, std::string>> {};
 
@@ -279,3 +307,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ContextTraining,
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param) ? "Llama_" : "GPT_") + std::get<1>(info.param);
                          });
+
+TEST(ContextCheckpoint, ResumesAtAnotherContextSize) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = shared_temp_dir("context");
+  ParallelState one = single_process_state();
+  const RunResult whole = train(tiny_config("fp32", false), one);
+
+  // Saved at context 4 (x tensor 2, all 8 ranks) after 3 of the 6 steps.
+  const Layout cp4{4, 2};
+  Config cfg = layout_config(cp4, "fp32", false);
+  cfg.training.train_iters = 3;
+  cfg.checkpoint.dir = dir + "/cp4";
+  cfg.checkpoint.save_interval = 3;
+  on_group(cp4, cfg, "save at context 4", train);
+  expect_resumed({2}, dir + "/cp4/iter_0000003", whole, "context 4 -> context 2");
+  expect_resumed({1}, dir + "/cp4/iter_0000003", whole, "context 4 -> one rank");
+
+  // Saved by one rank, resumed at context 4.
+  if (rank == 0) {
+    Config c1 = tiny_config("fp32", false);
+    c1.training.train_iters = 3;
+    c1.checkpoint.dir = dir + "/cp1";
+    c1.checkpoint.save_interval = 3;
+    ParallelState ps = single_process_state();
+    train(c1, ps);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_resumed(cp4, dir + "/cp1/iter_0000003", whole, "one rank -> context 4");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
+}

@@ -70,6 +70,15 @@ std::string grid_error(int world, int tp, int pp, int dp) {
   return "no error";
 }
 
+std::string grid_error_cp(int world, int tp, int pp, int dp, int cp) {
+  try {
+    GridLayout(world, tp, pp, dp, cp);
+  } catch (const GridError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(GridLayout, MegatronOrderCoordinates) {
   GridLayout g(16, 2, 2, 4);
   EXPECT_EQ(g.rank_of({1, 3, 1}), 1 + 2 * (3 + 4 * 1));
@@ -109,6 +118,53 @@ TEST(GridLayout, GroupsMatchMegatronForManyLayouts) {
         ++layouts;
       }
   EXPECT_GT(layouts, 200);
+}
+
+// Megatron-Core's order with context parallelism, "tp-cp-dp-pp": rank = tp + TP * (cp + CP * (dp + DP * pp)).
+// Its groups written with ranges: context groups of CP ranks TP apart inside each block of TP * CP ranks; the
+// gradient (data x context) groups of CP * DP ranks TP apart inside each pipeline stage.
+TEST(GridLayout, ContextGroupsMatchMegatronCore) {
+  int layouts = 0;
+  for (auto [world, tp, cp, pp] : {std::tuple{8, 1, 2, 1}, {8, 2, 2, 1}, {8, 1, 4, 1}, {8, 2, 2, 2}, {16, 2, 4, 1},
+                                   {16, 1, 2, 2}, {24, 2, 3, 2}, {32, 2, 2, 2}}) {
+    GridLayout g(world, tp, pp, 0, cp);
+    const int dp = world / (tp * cp * pp);
+    ASSERT_EQ(g.dp(), dp) << g.str();
+    Groups ref_cp, ref_data, ref_tp;
+    for (int s = 0; s < world; s += tp * cp)
+      for (int j = 0; j < tp; ++j) {
+        std::vector<int> r;
+        for (int k = 0; k < cp; ++k) r.push_back(s + j + k * tp);
+        ref_cp.insert(r);
+      }
+    for (int stage = 0; stage < pp; ++stage)
+      for (int j = 0; j < tp; ++j) {
+        std::vector<int> r;
+        for (int k = 0; k < cp * dp; ++k) r.push_back(stage * (world / pp) + j + k * tp);
+        ref_data.insert(r);
+      }
+    for (int s = 0; s < world; s += tp) {
+      std::vector<int> r;
+      for (int k = 0; k < tp; ++k) r.push_back(s + k);
+      ref_tp.insert(r);
+    }
+    EXPECT_EQ(as_set(g.all_groups(GroupKind::Context)), ref_cp) << g.str();
+    EXPECT_EQ(as_set(g.all_groups(GroupKind::Data)), ref_data) << g.str();
+    EXPECT_EQ(as_set(g.all_groups(GroupKind::Tensor)), ref_tp) << g.str();
+    EXPECT_EQ(as_set(g.all_groups(GroupKind::Pipeline)), megatron_groups(world, tp, pp).pp) << g.str();
+    for (int r = 0; r < world; ++r) {
+      const GridCoord c = g.coord_of(r);
+      EXPECT_EQ(r, c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp))) << g.str();
+      EXPECT_EQ(g.rank_of(c), r);
+      EXPECT_EQ(g.members(GroupKind::Context, r)[c.cp], r);
+      EXPECT_EQ(g.dp_group(r)[c.cp + cp * c.dp], r);  // the gradient group's rank: cp fastest
+    }
+    ++layouts;
+  }
+  EXPECT_EQ(layouts, 8);
+  EXPECT_EQ(GridLayout(8, 2, 1, 2, 2).str(), "world 8 = tensor 2 x pipeline 1 x context 2 x data 2");
+  EXPECT_EQ(grid_error_cp(8, 2, 1, 1, 2),
+            "world size 8 does not equal tensor (2) x pipeline (1) x context (2) x data (1) = 4");
 }
 
 TEST(GridLayout, SplitColorsAndKeysReproduceMembers) {

@@ -228,6 +228,7 @@ struct Case {
   const char* dtype = "fp32";
   int64_t global_batch = 8;  // microbatches of 2
   bool llama = false;        // llama_config() instead of small_config()
+  int cp = 1;                // context parallelism: the ring attention's transients, seq_length / cp tokens
 };
 
 Config case_config(const Case& k) {
@@ -235,6 +236,7 @@ Config case_config(const Case& k) {
   cfg.parallel.tensor = k.tp;
   cfg.parallel.pipeline = k.pp;
   cfg.parallel.data = k.dp;
+  cfg.parallel.context = k.cp;
   cfg.parallel.virtual_pipeline = k.vpp;
   cfg.parallel.distributed_optimizer = k.zero1;
   cfg.parallel.sequence_parallel = k.sp;
@@ -247,13 +249,13 @@ Config case_config(const Case& k) {
 void check_case(const Case& k) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const int size = k.tp * k.pp * k.dp, rank = world_rank();
+  const int size = k.tp * k.pp * k.dp * k.cp, rank = world_rank();
   ASSERT_EQ(world % size, 0);
   const Config cfg = case_config(k);
   auto group = MpiCommunicator::split(MPI_COMM_WORLD, rank / size, rank % size, "memory");
-  ParallelState ps = mpi_parallel_state(GridLayout(size, k.tp, k.pp, k.dp), *group);
-  std::string what = std::string(k.llama ? "llama " : "") + std::to_string(k.tp) + "x" + std::to_string(k.pp) + "x" +
-                     std::to_string(k.dp) + " vpp" +
+  ParallelState ps = mpi_parallel_state(GridLayout(size, k.tp, k.pp, k.dp, k.cp), *group);
+  std::string what = std::string(k.llama ? "llama " : "") + (k.cp > 1 ? "cp" + std::to_string(k.cp) + " " : "") +
+                     std::to_string(k.tp) + "x" + std::to_string(k.pp) + "x" + std::to_string(k.dp) + " vpp" +
                      std::to_string(k.vpp) + (k.zero1 ? " zero1" : "") + (k.sp ? " sp" : "") + " " + k.dtype +
                      " recompute=" + k.recompute + " stage " + std::to_string(ps.pp_rank());
   try {
@@ -306,3 +308,14 @@ TEST(MemoryModelLayouts, LlamaDistributedOptimizerBf16) {
   check_case({1, 1, 2, 1, true, false, "selective", "bf16", 8, true});
 }
 TEST(MemoryModelLayouts, LlamaFourRanksMixed) { check_case({2, 2, 1, 1, false, true, "full", "bf16", 8, true}); }
+// Context parallelism: the rank's tokens are seq_length / cp, and the ring attention's buffers (running
+// outputs, key/value blocks in flight, dK/dV accumulators) are transients of each block's attention.
+TEST(MemoryModelLayouts, ContextParallel) { check_case({1, 1, 1, 1, false, false, "none", "fp32", 8, false, 2}); }
+TEST(MemoryModelLayouts, ContextParallelTensorSequenceParallelBf16) {
+  check_case({2, 1, 1, 1, false, true, "selective", "bf16", 8, false, 2});
+}
+TEST(MemoryModelLayouts, ContextParallelDataZero1) { check_case({1, 1, 2, 1, true, false, "none", "fp32", 8, false, 2}); }
+TEST(MemoryModelLayouts, LlamaContext4FullRecompute) {
+  check_case({1, 1, 1, 1, false, false, "full", "bf16", 8, true, 4});
+}
+TEST(MemoryModelLayouts, LlamaContextPipeline) { check_case({1, 2, 1, 1, false, false, "none", "fp32", 8, true, 2}); }
