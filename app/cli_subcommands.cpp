@@ -117,7 +117,7 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
   f.text("--overlap", o.overlap, "SET",
          "communication assumed to run beside compute: none, gpt-train (what gpt-train does on the config's "
          "backend; the default), megatron-core, or a list of tp, grad-reduce, param-gather, p2p");
-  f.text("--explain", o.explain, "TP,PP,DP", "print that layout's full cost breakdown next to the best one");
+  f.text("--explain", o.explain, "TP,PP,DP[,CP]", "print that layout's full cost breakdown next to the best one");
   f.text("--probe", o.probe, "FILE",
          "measure this machine's CPU backend and write it as a hardware file instead of planning");
   f.integer("--threads", o.threads, "--probe: threads per device (default: OpenMP's)");

@@ -368,9 +368,12 @@ void validate_config(const Config& c) {
                       "cuts each sequence into 2 x parallel.context equal chunks",
                       m.seq_length, p.context));
   require(!p.sequence_parallel || (m.seq_length / p.context) % p.tensor == 0,
-          fmt::format("model.seq_length / parallel.context ({} / {}) must be divisible by parallel.tensor ({}) with "
-                      "parallel.sequence_parallel",
-                      m.seq_length, p.context, p.tensor));
+          p.context == 1 ? fmt::format("model.seq_length ({}) must be divisible by parallel.tensor ({}) with "
+                                       "parallel.sequence_parallel",
+                                       m.seq_length, p.tensor)
+                         : fmt::format("model.seq_length / parallel.context ({} / {}) must be divisible by "
+                                       "parallel.tensor ({}) with parallel.sequence_parallel",
+                                       m.seq_length, p.context, p.tensor));
 }
 
 void apply_overrides(Config& c, const std::vector<std::string>& overrides) {

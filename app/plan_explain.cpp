@@ -14,9 +14,13 @@ namespace {
 
 constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
 
-std::string choice_str(const LayoutChoice& c) { return fmt::format("{},{},{}", c.tp, c.pp, c.dp); }
+std::string choice_str(const LayoutChoice& c) {
+  return c.cp > 1 ? fmt::format("{},{},{},{}", c.tp, c.pp, c.dp, c.cp) : fmt::format("{},{},{}", c.tp, c.pp, c.dp);
+}
 
-bool is_choice(const LayoutSpec& l, const LayoutChoice& c) { return l.tp == c.tp && l.pp == c.pp && l.dp == c.dp; }
+bool is_choice(const LayoutSpec& l, const LayoutChoice& c) {
+  return l.tp == c.tp && l.pp == c.pp && l.dp == c.dp && l.cp == c.cp;
+}
 
 // The asked choice's best fitting variant (layouts are sorted: fitting by step time, then by memory), or
 // its smallest when none fits.
@@ -52,20 +56,26 @@ LayoutChoice parse_layout_choice(const std::string& text) {
       break;
     }
   }
-  if (v.size() != 3)
-    throw std::invalid_argument("--explain: expected TP,PP,DP (three positive integers, e.g. 8,1,48), got '" + text + "'");
+  if (v.size() != 3 && v.size() != 4)
+    throw std::invalid_argument("--explain: expected TP,PP,DP or TP,PP,DP,CP (positive integers, e.g. 8,1,48), got '" +
+                                text + "'");
   c.tp = v[0], c.pp = v[1], c.dp = v[2];
+  if (v.size() == 4) c.cp = v[3];
   return c;
 }
 
 std::string explain_layout(const Plan& plan, const ModelDescription& m, const LayoutChoice& c) {
   const std::string asked = choice_str(c);
-  if (c.tp * c.pp * c.dp != plan.options.devices)
-    throw std::invalid_argument(fmt::format("--explain {}: tensor x pipeline x data is {}, but the plan is for {} "
+  if (c.tp * c.pp * c.dp * c.cp != plan.options.devices)
+    throw std::invalid_argument(fmt::format("--explain {}: tensor x pipeline x data{} is {}, but the plan is for {} "
                                             "devices (--gpus)",
-                                            asked, c.tp * c.pp * c.dp, plan.options.devices));
+                                            asked, c.cp > 1 ? " x context" : "", c.tp * c.pp * c.dp * c.cp,
+                                            plan.options.devices));
+  if (c.cp > plan.options.max_context)
+    throw std::invalid_argument(fmt::format("--explain {}: context {} is beyond the searched degrees (--max-context {})",
+                                            asked, c.cp, plan.options.max_context));
   for (const RejectedLayout& r : plan.rejected)
-    if (r.tp == c.tp && (r.pp == 0 || (r.pp == c.pp && r.dp == c.dp)))
+    if (c.cp == 1 && r.tp == c.tp && (r.pp == 0 || (r.pp == c.pp && r.dp == c.dp)))
       throw std::invalid_argument("--explain " + asked + ": " + r.reason);
   const PlanEntry* mine = find_choice(plan, c);
   if (!mine)

@@ -12,10 +12,10 @@
 namespace gpt {
 
 struct LayoutChoice {
-  int tp = 0, pp = 0, dp = 0;
+  int tp = 0, pp = 0, dp = 0, cp = 1;
 };
 
-// "8,1,48" -> {8, 1, 48}. Throws std::invalid_argument naming --explain on anything else.
+// "8,1,48" -> {8, 1, 48}; "1,1,2,4" -> {1, 1, 2, cp 4}. Throws std::invalid_argument naming --explain on anything else.
 LayoutChoice parse_layout_choice(const std::string& text);
 
 // The breakdown as text. Throws std::invalid_argument naming --explain when the choice does not multiply

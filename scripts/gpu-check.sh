@@ -5,7 +5,9 @@
 #   2. 10 training steps of the tiny model in fp32 on the GPU against the CPU (losses within 1e-4);
 #   3. the 8-rank layout-equivalence test (tests/layout_test.cpp, fp32 and bf16) with backend cuda, every
 #      rank on the one GPU and the groups host-staged over MPI (parallel.communicator mpi), when an
-#      mpirun can start (the machine's, or the carried orterun/orted); then the NCCL communicator on one rank;
+#      mpirun can start (the machine's, or the carried orterun/orted); then the context-parallel test
+#      (tests/context_parallel_test.cpp: gradients and fp32/bf16 runs at context 2 and 4, ring attention on
+#      the CUDA block ops) likewise; then the NCCL communicator on one rank;
 #   4. throughput of a GPT-2 124M-like and a GPT-3 1.3B-like model on one GPU in bf16 with synthetic
 #      data: tokens/s, TFLOP/s, MFU, first and last loss and grad norm, NaN or skipped steps, memory;
 #   4c. where the 1.3B step's GPU time goes, op by op (GPT_CUDA_PROFILE=1, 4 iterations);
@@ -74,8 +76,8 @@ pack() {
   cmake -S "$ROOT" -B "$BUILD" -DGPT_CUDA=ON -DCMAKE_BUILD_TYPE=Portable \
     -DCMAKE_CXX_FLAGS="-O3 -DNDEBUG -march=x86-64-v3" -DCMAKE_CUDA_FLAGS="-O3 -DNDEBUG" \
     -DCMAKE_CUDA_ARCHITECTURES="80;90" >"$LOG/configure.log" 2>&1 || { tail -20 "$LOG/configure.log"; exit 1; }
-  say "building gpt-train cuda_ops_test nccl_test layout_test"
-  cmake --build "$BUILD" -j"${JOBS:-2}" --target gpt-train cuda_ops_test nccl_test layout_test >"$LOG/build.log" 2>&1 ||
+  say "building gpt-train cuda_ops_test nccl_test layout_test context_parallel_test"
+  cmake --build "$BUILD" -j"${JOBS:-2}" --target gpt-train cuda_ops_test nccl_test layout_test context_parallel_test >"$LOG/build.log" 2>&1 ||
     { grep -E "error" -A3 "$LOG/build.log" | head -40; exit 1; }
   local stage=$BUILD/stage
   rm -rf "$stage" "$CARRY"
@@ -84,6 +86,7 @@ pack() {
   strip -o "$stage/bin/cuda_ops_test" "$BUILD/tests/cuda_ops_test"
   strip -o "$stage/bin/nccl_test" "$BUILD/tests/nccl_test"
   strip -o "$stage/bin/layout_test" "$BUILD/tests/layout_test"
+  strip -o "$stage/bin/context_parallel_test" "$BUILD/tests/context_parallel_test"
   # OpenMPI's launcher and daemon, for step 3 on a machine without its own mpirun (best effort).
   cp -L "$(command -v orterun)" "$stage/bin/mpirun" 2>/dev/null && cp -L "$(command -v orted)" "$stage/bin/orted" 2>/dev/null
   local plugins
@@ -131,6 +134,7 @@ setup_binaries() {
     OPS_TEST=$BIN/bin/cuda_ops_test
     NCCL_TEST=$BIN/bin/nccl_test
     LAYOUT_TEST=$BIN/bin/layout_test
+    CONTEXT_TEST=$BIN/bin/context_parallel_test
     command -v mpirun >/dev/null || { [ -x "$BIN/bin/mpirun" ] && export PATH="$PATH:$BIN/bin"; }
     export LD_LIBRARY_PATH="$BIN/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export OMPI_MCA_mca_base_component_path=$BIN/openmpi
@@ -142,12 +146,13 @@ setup_binaries() {
   else
     say "no carried bundle: building from source in $BUILD"
     cmake -S "$ROOT" -B "$BUILD" -DGPT_CUDA=ON >"$LOG/configure.log" 2>&1 || { tail -20 "$LOG/configure.log"; exit 1; }
-    timeout $(($(left) - 300)) cmake --build "$BUILD" -j"$(nproc)" --target gpt-train cuda_ops_test nccl_test layout_test \
+    timeout $(($(left) - 300)) cmake --build "$BUILD" -j"$(nproc)" --target gpt-train cuda_ops_test nccl_test layout_test context_parallel_test \
       >"$LOG/build.log" 2>&1 || { grep -E "error" -A3 "$LOG/build.log" | head -40; exit 1; }
     GPT_TRAIN=$BUILD/gpt-train
     OPS_TEST=$BUILD/tests/cuda_ops_test
     NCCL_TEST=$BUILD/tests/nccl_test
     LAYOUT_TEST=$BUILD/tests/layout_test
+    CONTEXT_TEST=$BUILD/tests/context_parallel_test
     export LD_LIBRARY_PATH="$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
@@ -272,6 +277,23 @@ one_gpu_layouts() {
   return "$rc"
 }
 
+# tests/context_parallel_test.cpp likewise on 8 ranks sharing the GPU: the ring attention on the CUDA block
+# ops, host-staged context groups; gradients, and the fp32 and bf16 training runs.
+one_gpu_context() {
+  if ! command -v mpirun >/dev/null || [ -z "${CONTEXT_TEST:-}" ] || [ ! -x "$CONTEXT_TEST" ]; then
+    say "3b. not run: no mpirun on this machine (or no context_parallel_test binary)"
+    return 2
+  fi
+  ( unset OMPI_MCA_ess_singleton_isolated
+    GPT_TEST_BACKEND=cuda OMP_NUM_THREADS=1 timeout 120 mpirun --oversubscribe -np 8 -x GPT_TEST_BACKEND -x LD_LIBRARY_PATH \
+      -x OMPI_MCA_mca_base_component_path -x OMP_NUM_THREADS "$CONTEXT_TEST" \
+      --gtest_filter='*Gradients*:*Training*fp32:*Training*bf16' ) >"$LOG/context_parallel_test.log" 2>&1
+  local rc=$?
+  sed 's/\x1b\[[0-9;]*m//g' "$LOG/context_parallel_test.log" | grep -E "^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED) +\]|worst gradient" | head -40
+  [ "$rc" -ne 0 ] && tail -5 "$LOG/context_parallel_test.log"
+  return "$rc"
+}
+
 # 10 training steps of the tiny model in fp32 on the CPU and on the GPU: the losses must agree.
 cuda_vs_cpu_training() {
   local sets=(--set training.train_iters=10 --set eval.interval=0 --set checkpoint.dir= --set logging.interval=1
@@ -353,7 +375,7 @@ run_checks() {
   say "attention against the CPU, both CUDA paths (worst |gpu - cpu| / (|cpu| + rms))"
   grep -E "^\[error\] (lse|out|dqkv)" "$LOG/cuda_ops_test.log" | sed 's/^\[error\] //'
   grep -E "attention: not on cuDNN" "$LOG/cuda_ops_test.log" | head -2
-  local train_rc=skipped nccl_rc=skipped layout_rc=skipped
+  local train_rc=skipped nccl_rc=skipped layout_rc=skipped context_rc=skipped
   if [ "$QUICK" = no ]; then
     # 2. Ten training steps on the GPU against the CPU.
     timed "2. 10-step training, CUDA against CPU (tiny model, fp32)" cuda_vs_cpu_training
@@ -361,7 +383,9 @@ run_checks() {
     # 3. The 8-rank layouts on the one GPU, groups host-staged over MPI; then NCCL on one rank.
     timed "3a. layout_test, 8 ranks on one GPU (fp32, bf16)" one_gpu_layouts
     layout_rc=$?
-    timed "3b. nccl_test (one rank)" gtest_step nccl_test "$NCCL_TEST" 60
+    timed "3b. context_parallel_test, 8 ranks on one GPU (context 2 and 4)" one_gpu_context
+    context_rc=$?
+    timed "3c. nccl_test (one rank)" gtest_step nccl_test "$NCCL_TEST" 60
     nccl_rc=$?
   fi
   # 4. Throughput and memory.
@@ -394,7 +418,7 @@ run_checks() {
 
   {
     echo
-    echo "GPU tests: cuda_ops_test exit $ops_rc, CUDA-vs-CPU training exit $train_rc, one-GPU layouts exit $layout_rc, nccl_test exit $nccl_rc" \
+    echo "GPU tests: cuda_ops_test exit $ops_rc, CUDA-vs-CPU training exit $train_rc, one-GPU layouts exit $layout_rc, one-GPU context parallelism exit $context_rc, nccl_test exit $nccl_rc" \
          "(logs in $LOG)"
     echo "generate (gpt2-124m, bf16, cached decoding): $generated"
     echo "async checkpoint save (gpt2-1.3b, weights + fp32 masters): $STALL"

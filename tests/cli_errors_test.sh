@@ -40,7 +40,7 @@ expect_error "world size 4 does not equal" "${MPI[@]}" -np 4 "$BIN" --config "$C
 # Context parallelism: the sequence must cut into 2 x parallel.context chunks, and the world must match
 # tensor x pipeline x context x data, each error naming the keys.
 expect_error "model.seq_length \(64\) must be divisible by 2 x parallel.context \(2 x 3\)" "$BIN" --config "$CFG" --set parallel.context=3
-expect_error "parallel.context must be at least 1" "$BIN" --config "$CFG" --set parallel.context=0
+expect_error "parallel.context must be >= 1, got 0" "$BIN" --config "$CFG" --set parallel.context=0
 expect_error "world size 4 does not equal tensor \(2\) x pipeline \(1\) x context \(2\) x data \(2\) = 8.*parallel.context" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.tensor=2 --set parallel.context=2 --set parallel.data=2
 expect_error "world size 3 is not divisible by tensor \(1\) x pipeline \(1\) x context \(2\) = 2" "${MPI[@]}" -np 3 "$BIN" --config "$CFG" --set parallel.context=2
 expect_error "num_layers.*pipeline|layers.*divisible" "${MPI[@]}" -np 4 "$BIN" --config "$CFG" --set parallel.pipeline=4 --set model.num_layers=6

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "app/trainer.h"
@@ -22,6 +23,7 @@
 #include "data/batch_loader.h"
 #include "llama_variants.h"
 #include "parallel/data_parallel.h"
+#include "parallel/communicator_factory.h"
 #include "parallel/grad_sync.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/pipeline_executor.h"
@@ -78,6 +80,17 @@ Config layout_config(const Layout& l, const std::string& dtype, bool llama) {
 
 using Tensors = std::vector<std::pair<std::string, std::vector<float>>>;
 
+// GPT_TEST_BACKEND=cuda runs every layout on the GPU (all ranks on one device, the groups host-staged over
+// MPI, as layout_test.cpp does); the default is the CPU.
+std::unique_ptr<Backend> test_backend(ParallelState& ps) {
+  const char* b = std::getenv("GPT_TEST_BACKEND");
+  int local_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &local_rank);
+  auto be = make_backend(b && *b ? b : "cpu", local_rank);
+  if (be->device() != Device::CPU) use_device_communicators(ps, *be, "mpi");
+  return be;
+}
+
 struct FirstStep {
   double loss = 0;
   Tensors grads;
@@ -86,7 +99,7 @@ struct FirstStep {
 // The first step's forward and backward and the gradient reductions, without the update (the pieces of
 // Trainer::step; the distributed optimizer is off, so every rank holds the reduced gradients).
 FirstStep first_step(const Config& cfg, ParallelState& ps) {
-  auto be = make_backend("cpu", 0);
+  auto be = test_backend(ps);
   Trainer t(cfg, ps, *be);
   auto chunks = t.chunks();
   for (ModelChunk* c : chunks) c->params().zero_grad(*be);
@@ -117,7 +130,7 @@ struct RunResult {
 };
 
 RunResult train(const Config& cfg, ParallelState& ps) {
-  auto be = make_backend("cpu", 0);
+  auto be = test_backend(ps);
   Trainer trainer(cfg, ps, *be);
   if (cfg.precision.dtype == "fp16") trainer.loss_scaler().set_state({4096.0, 0, 2});  // as layout_test
   RunResult r;

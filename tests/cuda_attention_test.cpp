@@ -142,3 +142,43 @@ void CudaVsCpu::attention_paths(DType dt) {
 }
 
 }  // namespace gpt
+
+namespace gpt {
+
+// Context parallelism's block ops (model/ring_attention.h) against the CPU: a query block against a
+// key/value block (causal diagonal and full), its backward adding into fp32 accumulators that already hold
+// values, the log-sum-exp merge, and the column copies with a dtype change.
+void CudaVsCpu::block_attention(DType dt) {
+  // {B, T, H, G, D}
+  const std::vector<std::array<int64_t, 5>> shapes{{2, 37, 4, 2, 16}, {1, 128, 8, 8, 64}, {2, 512, 8, 2, 128}};
+  for (auto [B, T, H, G, D] : shapes)
+    for (bool causal : {true, false}) {
+      const std::string at = std::string(" ") + dtype_name(dt) + (causal ? " causal" : " full") + " B=" +
+                             std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                             " G=" + std::to_string(G) + " D=" + std::to_string(D);
+      Pair q = randn_pair({B * T, (H + 2 * G) * D}, dt), kv = randn_pair({B * T, 2 * G * D}, dt);
+      Pair out = empty({B * T, H * D}), lse = empty({B, H, T});
+      cpu->attention_block_forward(q.c, kv.c, B, T, T, H, G, D, causal, out.c, lse.c);
+      gpu->attention_block_forward(q.g, kv.g, B, T, T, H, G, D, causal, out.g, lse.g);
+      expect_close(out, attention_tol(dt, false), "attention_block_forward out" + at);
+      expect_close(lse, 1e-4, "attention_block_forward lse" + at);
+      Pair dout = randn_pair({B * T, H * D}, dt), dq = randn_pair({B * T, H * D}), dkv = randn_pair({B * T, 2 * G * D});
+      cpu->attention_block_backward(dout.c, q.c, kv.c, out.c, lse.c, B, T, T, H, G, D, causal, dq.c, dkv.c);
+      gpu->attention_block_backward(dout.g, q.g, kv.g, out.g, lse.g, B, T, T, H, G, D, causal, dq.g, dkv.g);
+      expect_close(dq, attention_tol(dt, true), "attention_block_backward dq" + at);
+      expect_close(dkv, attention_tol(dt, true), "attention_block_backward dkv" + at);
+      Pair out_b = randn_pair({B * T, H * D}), lse_b = randn_pair({B, H, T}, DType::F32, 3.f);
+      cpu->attention_merge(out.c, lse.c, out_b.c, lse_b.c, B, T, H, D);
+      gpu->attention_merge(out.g, lse.g, out_b.g, lse_b.g, B, T, H, D);
+      expect_close(out, attention_tol(dt, false), "attention_merge out" + at);
+      expect_close(lse, 1e-5, "attention_merge lse" + at);
+      Pair cols = empty({B * T, 2 * G * D}, DType::F32);
+      cpu->copy_columns(q.c, H * D, cols.c, 0, 2 * G * D);
+      gpu->copy_columns(q.g, H * D, cols.g, 0, 2 * G * D);
+      expect_close(cols, 0, "copy_columns" + at);
+    }
+}
+
+TEST_P(CudaVsCpuDtype, BlockAttentionForContextParallelism) { block_attention(GetParam()); }
+
+}  // namespace gpt

@@ -100,6 +100,7 @@ class CudaVsCpu : public ::testing::Test {
     return 0;
   }
   void attention_paths(DType dt);
+  void block_attention(DType dt);
   void llama_ops(DType dt);
   void linear_at_scale(DType dt, int64_t N, int64_t in, int64_t out, bool bias);
 

@@ -607,3 +607,47 @@ TEST(PlanCommand, StartupCheckWarnsAndNamesTheBetterLayout) {
   EXPECT_TRUE(layout_check_warnings(cfg, grid_layout_from_config(cfg.parallel, 8), a100, 8, &info).empty());
   EXPECT_NE(info.find("predicted"), std::string::npos);
 }
+
+// Context parallelism for long sequences: a Llama-2-7B-shaped model (rope, RMSNorm, SwiGLU, untied) at
+// 32768 tokens on 8 H100s. Without CP no layout fits (even full recomputation keeps every layer's input,
+// 32768 x 4096 bf16 = 256 MiB, and the logits of a whole sequence); with CP up to 8 the best layouts are CP
+// layouts, each CP layout's activations per device fall with CP, and its ring hops are charged.
+TEST(Planner, ContextParallelismRanksLongSequenceLayouts) {
+  ModelDescription m{32, 4096, 32, 11008, 32768, 32000, 128};
+  m.position = PositionEmbedding::Rope;
+  m.normalization = Normalization::RMSNorm;
+  m.swiglu = true;
+  m.untie_embeddings = true;
+  m.add_bias_linear = false;
+  const HardwareSpec hw = *builtin_hardware("h100-80g");
+  PlanOptions o;
+  o.devices = 8;
+  o.sequence_parallel = true;
+  o.distributed_optimizer = true;
+  Plan without = make_plan(m, 8, hw, o);
+  for (const PlanEntry& e : without.layouts) EXPECT_EQ(e.layout.cp, 1);
+  o.max_context = 8;
+  Plan with = make_plan(m, 8, hw, o);
+  ASSERT_NE(with.best(), nullptr);
+  EXPECT_GT(with.best()->layout.cp, 1) << with.best()->layout.str();
+  EXPECT_GT(with.best()->time.cp_comm_hidden_s + with.best()->time.cp_comm_s, 0);
+  EXPECT_TRUE(without.best() == nullptr || with.best()->time.step_s <= without.best()->time.step_s);
+  // The same layout at CP 1, 2, 4 and 8 (tp 1, pp 1, no recomputation, ZeRO-1): activations per device
+  // divide by about CP (the ring's buffers and fixed per-step sums aside).
+  auto activations = [&](int cp) {
+    LayoutSpec l;
+    l.cp = cp, l.dp = 8 / cp, l.global_batch = 8, l.micro_batch = 1;
+    l.distributed_optimizer = true;
+    l.dtype = DType::BF16;
+    return static_cast<double>(estimate_peak_memory(m, l).activations);
+  };
+  const double a1 = activations(1);
+  for (int cp : {2, 4, 8}) {
+    EXPECT_NEAR(activations(cp) / a1, 1.0 / cp, 0.15 / cp) << "cp " << cp;
+  }
+  // A sequence length that does not cut into 2 x CP chunks rules those CP degrees out.
+  ModelDescription odd = m;
+  odd.seq_length = 32768 + 4;  // 4 x 8193: divisible by 2 x 2, not by 2 x 4 or 2 x 8
+  Plan p = make_plan(odd, 8, hw, o);
+  for (const PlanEntry& e : p.layouts) EXPECT_EQ(odd.seq_length % (2 * e.layout.cp), 0) << e.layout.str();
+}

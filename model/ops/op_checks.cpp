@@ -121,6 +121,20 @@ AttentionDims check_attention_block(const OpChecks& c, const Tensor& q, const Te
   return {B, Tk, H, G, D, Tq};
 }
 
+AttentionDims check_attention_block_backward(const OpChecks& c, const Tensor& dout, const Tensor& q, const Tensor& kv,
+                                             const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
+                                             int64_t H, int64_t G, int64_t D, bool causal, const Tensor& dq,
+                                             const Tensor& dkv, const char* op) {
+  const AttentionDims d = check_attention_block(c, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
+  c.require_float(dout, op, "dout");
+  c.require_numel(dout, B * Tq * H * D, op, "dout", "[B*Tq, H*D]");
+  c.require_dtype(dq, DType::F32, op, "dq");
+  c.require_numel(dq, B * Tq * H * D, op, "dq", "[B*Tq, H*D]");
+  c.require_dtype(dkv, DType::F32, op, "dkv");
+  c.require_numel(dkv, B * Tk * 2 * G * D, op, "dkv", "[B*Tk, 2G*D]");
+  return d;
+}
+
 void check_attention_merge(const OpChecks& c, const Tensor& out, const Tensor& lse, const Tensor& out_b,
                            const Tensor& lse_b, int64_t B, int64_t T, int64_t H, int64_t D, const char* op) {
   const std::string dims = "B=" + std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +

@@ -70,6 +70,11 @@ AttentionDims check_attention_last(const OpChecks& c, const Tensor& qkv, const T
 AttentionDims check_attention_block(const OpChecks& c, const Tensor& q, const Tensor& kv, const Tensor& out,
                                     const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
                                     int64_t D, bool causal, const char* op);
+// attention_block_backward's: the forward's operands, dout [B*Tq, H*D], dq F32 [B*Tq, H*D], dkv F32 [B*Tk, 2G*D].
+AttentionDims check_attention_block_backward(const OpChecks& c, const Tensor& dout, const Tensor& q, const Tensor& kv,
+                                             const Tensor& out, const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk,
+                                             int64_t H, int64_t G, int64_t D, bool causal, const Tensor& dq,
+                                             const Tensor& dkv, const char* op);
 // attention_merge's operands: out, out_b F32 [B*T, H*D]; lse, lse_b F32 [B, H, T].
 void check_attention_merge(const OpChecks& c, const Tensor& out, const Tensor& lse, const Tensor& out_b,
                            const Tensor& lse_b, int64_t B, int64_t T, int64_t H, int64_t D, const char* op);

@@ -335,13 +335,8 @@ void CpuBackend::attention_block_backward(const Tensor& dout, const Tensor& q, c
                                           const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
                                           int64_t D, bool causal, Tensor& dq, Tensor& dkv) {
   const char* op = "attention_block_backward";
-  const ops::AttentionDims d = ops::check_attention_block(kChecks, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
-  require_float(dout, op, "dout");
-  require_numel(dout, B * Tq * H * D, op, "dout", "[B*Tq, H*D]");
-  require_dtype(dq, DType::F32, op, "dq");
-  require_numel(dq, B * Tq * H * D, op, "dq", "[B*Tq, H*D]");
-  require_dtype(dkv, DType::F32, op, "dkv");
-  require_numel(dkv, B * Tk * 2 * G * D, op, "dkv", "[B*Tk, 2G*D]");
+  const ops::AttentionDims d =
+      ops::check_attention_block_backward(kChecks, dout, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, dq, dkv, op);
   const bool bf16 = bf16_products(q) && bf16_products(kv);
   const ProductOperand xq(q, bf16, op, "q"), xk(kv, bf16, op, "kv"), dO(dout, bf16, op, "dout");
   const int64_t ldq = H * D, ldk = 2 * G * D;

@@ -377,14 +377,8 @@ void CudaBackend::attention_block_backward(const Tensor& dout, const Tensor& q, 
                                            const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
                                            int64_t D, bool causal, Tensor& dq, Tensor& dkv) {
   const char* op = "attention_block_backward";
-  ops::check_attention_block(kChecks, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, op);
+  ops::check_attention_block_backward(kChecks, dout, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, dq, dkv, op);
   require_same_dtype(q, kv, op);
-  require_float(dout, op, "dout");
-  require_numel(dout, B * Tq * H * D, op, "dout", "[B*Tq, H*D]");
-  require_dtype(dq, DType::F32, op, "dq");
-  require_numel(dq, B * Tq * H * D, op, "dq", "[B*Tq, H*D]");
-  require_dtype(dkv, DType::F32, op, "dkv");
-  require_numel(dkv, B * Tk * 2 * G * D, op, "dkv", "[B*Tk, 2G*D]");
   const DType X = q.dtype();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ldq = q.dim(1), ldk = kv.dim(1), koff = ldk - 2 * G * D, ldo = H * D, lda = 2 * G * D;
