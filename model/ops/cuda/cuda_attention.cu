@@ -291,7 +291,9 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
 
 
 // ---- attention between two blocks of positions (context parallelism's ring) ----
-// The same unfused products on a query block q [B*Tq, ldq] against a key/value block kv [B*Tk, ldk] (keys
+// 16-bit blocks of equal length go to cuDNN's fused attention first (cudnn_attention.h: the same graphs
+// with the block's strides, and no mask for a full block), under model.attention_backend as the whole-
+// sequence ops; otherwise the same unfused products on a query block q [B*Tq, ldq] against a key/value block kv [B*Tk, ldk] (keys
 // at column ldk - 2G*D, values G*D after them), one sequence at a time. A causal block masks key j > query
 // i; a full one masks nothing (the softmax kernels' q0 = Tk: every query sees every key). Backward adds into
 // the fp32 accumulators with beta = 1, so dK and dV sum over a group's heads and over blocks with no scratch.
@@ -316,13 +318,24 @@ __global__ void attention_merge_kernel(float* out, float* lse, const float* out_
   if (lane == 0) lse[row] = merged;
 }
 
+// dst[:, dst_col..) = src[:, src_col..) (or += with `add`) over `rows` rows of `width` columns, converting.
 __global__ void copy_columns_kernel(const void* src, DType sd, int64_t src_ld, int64_t src_col, void* dst, DType dd,
-                                    int64_t dst_ld, int64_t dst_col, int64_t rows, int64_t width) {
+                                    int64_t dst_ld, int64_t dst_col, int64_t rows, int64_t width, bool add) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * width;
        e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = e / width, c = e % width;
-    store_from_f32(dst, dd, r * dst_ld + dst_col + c, load_as_f32(src, sd, r * src_ld + src_col + c));
+    const int64_t r = e / width, c = e % width, to = r * dst_ld + dst_col + c;
+    const float v = load_as_f32(src, sd, r * src_ld + src_col + c);
+    store_from_f32(dst, dd, to, add ? load_as_f32(dst, dd, to) + v : v);
   }
+}
+
+// dst (F32, [rows, width] dense) += src ([rows, width] dense, any float dtype): a cuDNN block's 16-bit
+// gradient into the ring's fp32 accumulators.
+void add_into_f32(const Tensor& src, Tensor& dst, cudaStream_t stream, const char* op) {
+  const int64_t rows = src.dim(0), width = src.dim(1);
+  copy_columns_kernel<<<grid_for(rows * width, 256), 256, 0, stream>>>(src.raw(), src.dtype(), width, 0, dst.raw(),
+                                                                      DType::F32, width, 0, rows, width, true);
+  check_launch(op);
 }
 
 // q and kv feed the same tensor-core products, so they share a dtype.
@@ -340,6 +353,16 @@ void CudaBackend::attention_block_forward(const Tensor& q, const Tensor& kv, int
   require_same_dtype(q, kv, op);
   const DType X = q.dtype();
   require_product_output(out, X, op, "out");
+  if (Tq == Tk && X != DType::F32) {  // cuDNN's fused attention, into the activation dtype
+    Tensor o16 = out.dtype() == X ? out.view({B * Tq, H * D}) : empty({B * Tq, H * D}, X);
+    if (cudnn_block_forward(q, kv, B, Tq, H, G, D, causal, o16, lse)) {
+      if (out.dtype() != X) {
+        Tensor o = out.view({B * Tq, H * D});
+        copy_columns(o16, 0, o, 0, H * D);
+      }
+      return;
+    }
+  }
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ldq = q.dim(1), ldk = kv.dim(1), koff = ldk - 2 * G * D, ldo = H * D, rows = H * Tq;
   const int64_t r = H / G, TT = Tq * Tk;
@@ -380,6 +403,16 @@ void CudaBackend::attention_block_backward(const Tensor& dout, const Tensor& q, 
   ops::check_attention_block_backward(kChecks, dout, q, kv, out, lse, B, Tq, Tk, H, G, D, causal, dq, dkv, op);
   require_same_dtype(q, kv, op);
   const DType X = q.dtype();
+  if (Tq == Tk && X != DType::F32 && out.dtype() == X && dout.dtype() == X) {
+    // cuDNN's fused backward writes this block's gradients in the activation dtype; they are added into
+    // the fp32 accumulators (each block's share rounded once, as Transformer Engine's ring does).
+    Tensor dq16 = empty({B * Tq, H * D}, X), dkv16 = empty({B * Tk, 2 * G * D}, X);
+    if (cudnn_block_backward(dout, q, kv, out, lse, B, Tq, H, G, D, causal, dq16, dkv16)) {
+      add_into_f32(dq16, dq, stream_, op);
+      add_into_f32(dkv16, dkv, stream_, op);
+      return;
+    }
+  }
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const int64_t ldq = q.dim(1), ldk = kv.dim(1), koff = ldk - 2 * G * D, ldo = H * D, lda = 2 * G * D;
   const int64_t rows = H * Tq, r = H / G, TT = Tq * Tk;
@@ -463,7 +496,7 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, 
   const int64_t rows = src.dim(0);
   if (rows * width == 0) return;
   copy_columns_kernel<<<grid_for(rows * width, 256), 256, 0, stream_>>>(
-      src.raw(), src.dtype(), src.dim(1), src_col, dst.raw(), dst.dtype(), dst.dim(1), dst_col, rows, width);
+      src.raw(), src.dtype(), src.dim(1), src_col, dst.raw(), dst.dtype(), dst.dim(1), dst_col, rows, width, false);
   check_launch(op);
 }
 

@@ -240,6 +240,13 @@ class CudaBackend final : public Backend {
     bool fallback_logged = false;
   } cudnn_;
   bool cudnn_attention_forward(const ops::AttentionDims& d, const Tensor& qkv, Tensor& out, Tensor& lse);
+  // Context parallelism's blocks on cuDNN (T queries against T keys): out, dq and dkv in q's dtype (the
+  // caller converts and accumulates); false with nothing enqueued when the call goes unfused.
+  bool cudnn_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                           bool causal, Tensor& out, Tensor& lse);
+  bool cudnn_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                            int64_t B, int64_t T, int64_t H, int64_t G, int64_t D, bool causal, Tensor& dq,
+                            Tensor& dkv);
   bool cudnn_attention_backward(const ops::AttentionDims& d, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                 const Tensor& lse, Tensor& dqkv);
   std::string cudnn_blocker(const cuda::SdpaShape& s, bool backward, std::initializer_list<const Tensor*> io) const;

@@ -67,6 +67,16 @@ bool CudaBackend::cudnn_attention_backward(const ops::AttentionDims&, const Tens
   return false;
 }
 
+bool CudaBackend::cudnn_block_forward(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                      Tensor&, Tensor&) {
+  return false;
+}
+
+bool CudaBackend::cudnn_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, bool, Tensor&, Tensor&) {
+  return false;
+}
+
 CudaBackend::CudnnState::~CudnnState() = default;
 
 #else
@@ -288,13 +298,20 @@ class GraphBuilder {
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum };
 
 struct Layout {
-  Dims qkv, qkv_t, rows, sxs, sxs_t, row_stats, heads;  // strides
-  Dims bhtd, bgtd, bgdt, bhtt, bht1;                    // dims (h: query heads, g: key/value heads)
+  Dims q_in, kv_in, kv_in_t, dq_out, dkv_out, rows, sxs, sxs_t, row_stats, heads;  // strides
+  Dims bhtd, bgtd, bgdt, bhtt, bht1;  // dims (h: query heads, g: key/value heads)
   explicit Layout(const SdpaShape& s) {
     const int64_t B = s.B, T = s.T, H = s.H, G = s.G, D = s.D, S3 = (H + 2 * G) * D, HD = H * D;
     bhtd = {B, H, T, D}, bgtd = {B, G, T, D}, bgdt = {B, G, D, T}, bhtt = {B, H, T, T}, bht1 = {B, H, T, 1};
-    qkv = {T * S3, D, S3, 1};      // Q, K, V, dQ, dK, dV in the packed rows
-    qkv_t = {T * S3, D, 1, S3};    // K or V described transposed
+    // Q, K, V, dQ, dK, dV in the packed rows; a block's queries, keys and values in their own rows, its
+    // gradients dense.
+    const int64_t ldq = s.block() ? s.q_ld : S3, ldk = s.block() ? s.kv_ld : S3;
+    const int64_t ldgq = s.block() ? HD : S3, ldgk = s.block() ? 2 * G * D : S3;
+    q_in = {T * ldq, D, ldq, 1};
+    kv_in = {T * ldk, D, ldk, 1};
+    kv_in_t = {T * ldk, D, 1, ldk};  // K or V described transposed
+    dq_out = {T * ldgq, D, ldgq, 1};
+    dkv_out = {T * ldgk, D, ldgk, 1};
     rows = {T * HD, D, HD, 1};     // O and dO in their rows
     sxs = {H * T * T, T * T, T, 1};
     sxs_t = {H * T * T, T * T, 1, T};
@@ -320,14 +337,15 @@ std::unique_ptr<CudnnAttention::Plan> build_forward(cudnnHandle_t handle, const 
   const Layout L(s);
   const cudnnDataType_t io = cudnn_type(s.dtype), f32 = CUDNN_DATA_FLOAT;
   GraphBuilder g(handle);
-  auto q = g.tensor(kQ, io, L.bhtd, L.qkv), kt = g.tensor(kK, io, L.bgdt, L.qkv_t), v = g.tensor(kV, io, L.bgtd, L.qkv);
+  auto q = g.tensor(kQ, io, L.bhtd, L.q_in), kt = g.tensor(kK, io, L.bgdt, L.kv_in_t);
+  auto v = g.tensor(kV, io, L.bgtd, L.kv_in);
   auto o = g.tensor(kO, io, L.bhtd, L.rows), stats = g.tensor(kStats, f32, L.bht1, L.row_stats);
-  auto scale = g.scalar(kScale), neginf = g.scalar(kNegInf);
+  auto scale = g.scalar(kScale);
   auto S = g.virt(f32, L.bhtt, L.sxs);
   g.matmul(q, kt, S);
   auto S1 = g.virt(f32, L.bhtt, L.sxs);
   g.pointwise(CUDNN_POINTWISE_MUL, S, S1, scale);
-  auto S2 = causal_mask(g, L, S1, neginf);
+  auto S2 = s.causal ? causal_mask(g, L, S1, g.scalar(kNegInf)) : S1;  // a full block masks nothing
   auto M = g.virt(f32, L.bht1, L.row_stats);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, S2, M);
   auto S3 = g.virt(f32, L.bhtt, L.sxs);
@@ -355,12 +373,12 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
   const Layout L(s);
   const cudnnDataType_t io = cudnn_type(s.dtype), f32 = CUDNN_DATA_FLOAT;
   GraphBuilder g(handle);
-  auto q = g.tensor(kQ, io, L.bhtd, L.qkv), kt = g.tensor(kK, io, L.bgdt, L.qkv_t);
-  auto vt = g.tensor(kV, io, L.bgdt, L.qkv_t);
+  auto q = g.tensor(kQ, io, L.bhtd, L.q_in), kt = g.tensor(kK, io, L.bgdt, L.kv_in_t);
+  auto vt = g.tensor(kV, io, L.bgdt, L.kv_in_t);
   auto o = g.tensor(kO, io, L.bhtd, L.rows), dO = g.tensor(kDO, io, L.bhtd, L.rows);
   auto stats = g.tensor(kStats, f32, L.bht1, L.row_stats);
-  auto dq = g.tensor(kDQ, io, L.bhtd, L.qkv), dk = g.tensor(kDK, io, L.bgtd, L.qkv);
-  auto dv = g.tensor(kDV, io, L.bgtd, L.qkv);
+  auto dq = g.tensor(kDQ, io, L.bhtd, L.dq_out), dk = g.tensor(kDK, io, L.bgtd, L.dkv_out);
+  auto dv = g.tensor(kDV, io, L.bgtd, L.dkv_out);
   // dK and dV per query head, summed over each group's heads (grouped-query attention), else directly.
   const auto kv_grad = [&](cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t out) {
     if (s.G == s.H) return g.matmul(a, b, out);
@@ -368,7 +386,7 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
     g.matmul(a, b, full);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
   };
-  auto scale = g.scalar(kScale), one = g.scalar(kOne), neginf = g.scalar(kNegInf);
+  auto scale = g.scalar(kScale), one = g.scalar(kOne);
   auto softmax_sum = g.tensor(kSoftmaxSum, f32, L.bht1, L.row_stats);
   auto dq_accum = g.tensor(kDQAccum, f32, L.bhtd, L.heads);
 
@@ -384,7 +402,7 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
   g.pointwise(CUDNN_POINTWISE_MUL, S, S1, scale);
   auto S2 = g.virt(f32, L.bhtt, L.sxs);
   g.pointwise(CUDNN_POINTWISE_SUB, S1, S2, stats);
-  auto S3 = causal_mask(g, L, S2, neginf);
+  auto S3 = s.causal ? causal_mask(g, L, S2, g.scalar(kNegInf)) : S2;
   auto P = g.virt(f32, L.bhtt, L.sxs);
   g.pointwise(CUDNN_POINTWISE_EXP, S3, P);
 
@@ -403,7 +421,7 @@ std::unique_ptr<CudnnAttention::Plan> build_backward(cudnnHandle_t handle, const
   g.reshape(dS, dST);
   kv_grad(dST, q, dk);
 
-  auto K = g.virt(f32, L.bgtd, L.qkv);  // dQ = dS K, through the fp32 accumulator
+  auto K = g.virt(f32, L.bgtd, L.kv_in);  // dQ = dS K, through the fp32 accumulator
   g.reshape(kt, K);
   g.matmul(dS, K, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
@@ -471,7 +489,7 @@ std::string CudnnAttention::precheck(const SdpaShape& s, int sm, bool backward) 
 }
 
 CudnnAttention::Plan& CudnnAttention::plan(const SdpaShape& s, bool backward) {
-  const auto key = std::make_tuple(s.B, s.T, s.H, s.G, s.D, static_cast<int>(s.dtype), backward);
+  const auto key = std::make_tuple(s.B, s.T, s.H, s.G, s.D, static_cast<int>(s.dtype), backward, s.q_ld, s.kv_ld, s.causal);
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   if (auto no = rejected_.find(key); no != rejected_.end()) throw CudnnUnsupported(no->second);
@@ -488,29 +506,55 @@ CudnnAttention::Plan& CudnnAttention::plan(const SdpaShape& s, bool backward) {
 
 int64_t CudnnAttention::workspace_bytes(const SdpaShape& s, bool backward) { return plan(s, backward).workspace(); }
 
-void CudnnAttention::forward(const SdpaShape& s, const void* qkv, void* out, float* lse, void* workspace) {
+void CudnnAttention::run_forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
+                                 float* lse, void* workspace) {
   const Plan& p = plan(s, false);
   float scale = 1.f / std::sqrt(static_cast<float>(s.D)), neginf = -std::numeric_limits<float>::infinity();
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), out, lse, &scale};
+  if (s.causal) uids.push_back(kNegInf), ptrs.push_back(&neginf);  // the mask's value (no mask: no scalar)
+  execute(static_cast<cudnnHandle_t>(handle_), p, uids, ptrs, workspace);
+}
+
+void CudnnAttention::run_backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* out,
+                                  const void* dout, const float* lse, void* dq, void* dk, void* dv, void* workspace) {
+  const Plan& p = plan(s, true);
+  float scale = 1.f / std::sqrt(static_cast<float>(s.D)), one = 1.f, neginf = -std::numeric_limits<float>::infinity();
+  char* scratch = static_cast<char*>(workspace);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kSoftmaxSum, kDQAccum};
+  std::vector<void*> ptrs{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
+                          const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv, &scale, &one,
+                          scratch + dq_accum_bytes(s), scratch};
+  if (s.causal) uids.push_back(kNegInf), ptrs.push_back(&neginf);
+  execute(static_cast<cudnnHandle_t>(handle_), p, uids, ptrs, workspace);
+}
+
+void CudnnAttention::forward(const SdpaShape& s, const void* qkv, void* out, float* lse, void* workspace) {
   const int64_t k = s.H * s.D, v = (s.H + s.G) * s.D;  // first k and v elements of a row
-  execute(static_cast<cudnnHandle_t>(handle_), p, {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-          {const_cast<void*>(qkv), const_cast<char*>(at(qkv, k, s.dtype)), const_cast<char*>(at(qkv, v, s.dtype)),
-           out, lse, &scale, &neginf},
-          workspace);
+  run_forward(s, qkv, at(qkv, k, s.dtype), at(qkv, v, s.dtype), out, lse, workspace);
 }
 
 void CudnnAttention::backward(const SdpaShape& s, const void* qkv, const void* out, const void* dout, const float* lse,
                               void* dqkv, void* workspace) {
-  const Plan& p = plan(s, true);
-  float scale = 1.f / std::sqrt(static_cast<float>(s.D)), one = 1.f, neginf = -std::numeric_limits<float>::infinity();
-  const int64_t k = s.H * s.D, v = (s.H + s.G) * s.D;  // first k and v elements of a row
-  char* scratch = static_cast<char*>(workspace);
-  execute(static_cast<cudnnHandle_t>(handle_), p,
-          {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kScale, kOne, kNegInf, kSoftmaxSum, kDQAccum},
-          {const_cast<void*>(qkv), const_cast<char*>(at(qkv, k, s.dtype)), const_cast<char*>(at(qkv, v, s.dtype)),
-           const_cast<void*>(out), const_cast<void*>(dout), const_cast<float*>(lse), dqkv,
-           const_cast<char*>(at(dqkv, k, s.dtype)), const_cast<char*>(at(dqkv, v, s.dtype)), &scale, &one,
-           &neginf, scratch + dq_accum_bytes(s), scratch},
-          workspace);
+  const int64_t k = s.H * s.D, v = (s.H + s.G) * s.D;
+  char* d = static_cast<char*>(dqkv);
+  run_backward(s, qkv, at(qkv, k, s.dtype), at(qkv, v, s.dtype), out, dout, lse, dqkv,
+               d + k * static_cast<int64_t>(dtype_size(s.dtype)), d + v * static_cast<int64_t>(dtype_size(s.dtype)),
+               workspace);
+}
+
+void CudnnAttention::block_forward(const SdpaShape& s, const void* q, const void* kv, void* out, float* lse,
+                                   void* workspace) {
+  const int64_t k = s.kv_ld - 2 * s.G * s.D, v = k + s.G * s.D;  // keys, then values, at the rows' end
+  run_forward(s, q, at(kv, k, s.dtype), at(kv, v, s.dtype), out, lse, workspace);
+}
+
+void CudnnAttention::block_backward(const SdpaShape& s, const void* q, const void* kv, const void* out,
+                                    const void* dout, const float* lse, void* dq, void* dkv, void* workspace) {
+  const int64_t k = s.kv_ld - 2 * s.G * s.D, v = k + s.G * s.D;
+  char* d = static_cast<char*>(dkv);
+  run_backward(s, q, at(kv, k, s.dtype), at(kv, v, s.dtype), out, dout, lse, dq, d,
+               d + s.G * s.D * static_cast<int64_t>(dtype_size(s.dtype)), workspace);
 }
 
 }  // namespace cuda
@@ -603,6 +647,47 @@ bool CudaBackend::cudnn_attention_backward(const ops::AttentionDims& d, const Te
     }
   }
   return cudnn_fallback(why, "attention_backward");
+}
+
+bool CudaBackend::cudnn_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t T, int64_t H, int64_t G,
+                                      int64_t D, bool causal, Tensor& out, Tensor& lse) {
+  if (cudnn_skipped(q.dtype())) return false;
+  const cuda::SdpaShape s{B, T, H, G, D, q.dtype(), q.dim(1), kv.dim(1), causal};
+  std::string why = cudnn_blocker(s, false, {&q, &kv, &out});
+  if (why.empty() && (s.q_ld % 8 || s.kv_ld % 8))
+    why = "block rows of " + std::to_string(s.q_ld) + " and " + std::to_string(s.kv_ld) + " elements (not multiples of 8)";
+  if (why.empty()) {
+    try {
+      cuda::CudnnAttention& a = cudnn_runner();
+      Tensor workspace = empty({a.workspace_bytes(s, false) / 4 + 1});
+      a.block_forward(s, q.raw(), kv.raw(), out.raw(), lse.f32(), workspace.raw());
+      return true;
+    } catch (const cuda::CudnnUnsupported& e) {
+      why = e.what() + grouped(s);
+    }
+  }
+  return cudnn_fallback(why, "attention_block_forward");
+}
+
+bool CudaBackend::cudnn_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                       const Tensor& lse, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
+                                       bool causal, Tensor& dq, Tensor& dkv) {
+  if (cudnn_skipped(q.dtype())) return false;
+  const cuda::SdpaShape s{B, T, H, G, D, q.dtype(), q.dim(1), kv.dim(1), causal};
+  std::string why = cudnn_blocker(s, true, {&q, &kv, &out, &dout, &dq, &dkv});
+  if (why.empty() && (s.q_ld % 8 || s.kv_ld % 8))
+    why = "block rows of " + std::to_string(s.q_ld) + " and " + std::to_string(s.kv_ld) + " elements (not multiples of 8)";
+  if (why.empty()) {
+    try {
+      cuda::CudnnAttention& a = cudnn_runner();
+      Tensor workspace = empty({a.workspace_bytes(s, true) / 4 + 1});
+      a.block_backward(s, q.raw(), kv.raw(), out.raw(), dout.raw(), lse.f32(), dq.raw(), dkv.raw(), workspace.raw());
+      return true;
+    } catch (const cuda::CudnnUnsupported& e) {
+      why = e.what() + grouped(s);
+    }
+  }
+  return cudnn_fallback(why, "attention_block_backward");
 }
 
 #endif  // GPT_HAVE_CUDNN

@@ -34,6 +34,13 @@ class CudnnUnsupported : public std::runtime_error {
 struct SdpaShape {
   int64_t B = 0, T = 0, H = 0, G = 0, D = 0;
   DType dtype = DType::BF16;
+  // Context parallelism's blocks (Backend::attention_block_*): q_ld > 0 reads the queries from rows of
+  // q_ld elements and the keys and values from rows of kv_ld (keys at column kv_ld - 2G*D, values G*D
+  // after them), T queries against T keys, and writes the gradients dense ([B*T, H*D] and [B*T, 2G*D],
+  // keys then values); causal false attends every key. 0: the packed qkv rows, causal.
+  int64_t q_ld = 0, kv_ld = 0;
+  bool causal = true;
+  bool block() const { return q_ld > 0; }
 };
 
 class CudnnAttention {
@@ -55,11 +62,19 @@ class CudnnAttention {
   void forward(const SdpaShape& s, const void* qkv, void* out, float* lse, void* workspace);
   void backward(const SdpaShape& s, const void* qkv, const void* out, const void* dout, const float* lse, void* dqkv,
                 void* workspace);
+  // A block (s.block()): out [B*T, H*D] and the gradients dq [B*T, H*D], dkv [B*T, 2G*D], all in s.dtype.
+  void block_forward(const SdpaShape& s, const void* q, const void* kv, void* out, float* lse, void* workspace);
+  void block_backward(const SdpaShape& s, const void* q, const void* kv, const void* out, const void* dout,
+                      const float* lse, void* dq, void* dkv, void* workspace);
 
   struct Plan;
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int64_t, int64_t, bool>;
+  void run_forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out, float* lse,
+                   void* workspace);
+  void run_backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* out,
+                    const void* dout, const float* lse, void* dq, void* dk, void* dv, void* workspace);
   Plan& plan(const SdpaShape& s, bool backward);
   void* handle_ = nullptr;  // cudnnHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
