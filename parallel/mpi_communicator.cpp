@@ -366,6 +366,7 @@ class MpiPendingExchange final : public PendingSend {
   MpiPendingExchange(MpiCommunicator& comm, std::vector<MpiRequest> requests)
       : comm_(comm), requests_(std::move(requests)) {}
   void wait() override { comm_.wait_all(requests_); }
+  void progress() override { comm_.progress_engine(); }
 
  private:
   MpiCommunicator& comm_;
@@ -422,6 +423,11 @@ void MpiCommunicator::post(MpiRequest& r, const Tensor& t, bool is_recv, int pee
 void MpiCommunicator::wait(MpiRequest& request) {
   MpiRequest* one = &request;
   complete(&one, 1);
+}
+
+void MpiCommunicator::progress_engine() {
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
 }
 
 void MpiCommunicator::wait_all(std::vector<MpiRequest>& requests) {

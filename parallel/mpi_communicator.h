@@ -119,6 +119,9 @@ class MpiCommunicator final : public Communicator {
   MpiRequest irecv(Tensor& t, int peer, int tag);
   void wait(MpiRequest& request);
   void wait_all(std::vector<MpiRequest>& requests);
+  // Lets MPI move messages in flight (a probe: requests are left to wait), for transfers that advance
+  // only inside library calls.
+  void progress_engine();
   // Posts every receive, then every send, then waits for all. Sends to and receives from this rank itself
   // are allowed (they match each other by tag).
   void exchange(const std::vector<P2POp>& ops);

@@ -5,6 +5,7 @@
 #ifdef GPT_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
 
+#include <functional>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -527,6 +528,44 @@ void NcclCommunicator::send(const Tensor& t, int peer, int tag) { send_async(t, 
 
 void NcclCommunicator::recv(Tensor& t, int peer, int tag) {
   if (on_host(t)) return host_->recv(t, peer, tag);
+  receive(t, peer, tag, true);
+}
+
+namespace {
+// exchange_async's handle: the send, and the receive the compute stream joins in wait().
+class NcclExchange final : public PendingSend {
+ public:
+  NcclExchange(std::unique_ptr<PendingSend> send, std::function<void()> join)
+      : send_(std::move(send)), join_(std::move(join)) {}
+  ~NcclExchange() override { wait(); }
+  void wait() override {
+    if (send_) send_->wait(), send_.reset();
+    if (join_) join_(), join_ = nullptr;
+  }
+
+ private:
+  std::unique_ptr<PendingSend> send_;
+  std::function<void()> join_;
+};
+}  // namespace
+
+std::unique_ptr<PendingSend> NcclCommunicator::exchange_async(const Tensor& out, int to, Tensor& in, int from,
+                                                              int tag) {
+  if (on_host(out) || on_host(in)) return Communicator::exchange_async(out, to, in, from, tag);
+  auto send = send_async(out, to, tag);
+  // The receive is enqueued now (after the compute queued so far), so it runs beside what the caller
+  // queues next; only wait() makes the compute stream wait for it.
+  cudaEvent_t done = receive(in, from, tag, false);
+  return std::make_unique<NcclExchange>(std::move(send), [this, done, keep = in]() mutable {
+    if (done) {
+      join_compute(done);
+      give_event(done, false);
+    }
+    keep = Tensor();
+  });
+}
+
+cudaEvent_t NcclCommunicator::receive(Tensor& t, int peer, int tag, bool join) {
   check_tensor(t, "recv", "t");
   check_peer(peer, "recv");
   auto wrong_size = [&](int64_t bytes) {
@@ -549,9 +588,10 @@ void NcclCommunicator::recv(Tensor& t, int peer, int tag) {
           throw wrong_size(h.bytes);
         }
         cudaEvent_t done = enqueue_recv(t.raw(), t.bytes(), peer);
+        if (!join) return done;
         join_compute(done);
         give_event(done, false);
-        return;
+        return nullptr;
       }
       const std::pair<int, int64_t> key{peer, h.tag};
       if (stash_.count(key))
@@ -576,6 +616,7 @@ void NcclCommunicator::recv(Tensor& t, int peer, int tag) {
     check_cuda(cudaMemcpyAsync(t.raw(), s.buffer.raw(), s.bytes, cudaMemcpyDeviceToDevice, compute_),
                "cudaMemcpyAsync");
   stash_.erase(stashed);  // the buffer is freed after the copy in compute-stream order
+  return nullptr;         // already in compute-stream order
 }
 
 }  // namespace gpt

@@ -69,6 +69,8 @@ class NcclCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void send(const Tensor& t, int peer, int tag) override;
   void recv(Tensor& t, int peer, int tag) override;
+  // The send and the receive both enqueued at once on their channels' streams; wait() joins them.
+  std::unique_ptr<PendingSend> exchange_async(const Tensor& out, int to, Tensor& in, int from, int tag) override;
   std::unique_ptr<PendingSend> send_async(const Tensor& t, int peer, int tag) override;
   // Waits (host side) for this communicator's queued work, then an MPI barrier.
   void barrier() override;
@@ -138,6 +140,10 @@ class NcclCommunicator final : public Communicator {
   // Enqueues the NCCL send of t's bytes to peer; returns the event marking its completion.
   cudaEvent_t enqueue_send(const Tensor& t, int peer);
   cudaEvent_t enqueue_recv(void* dst, size_t bytes, int peer);
+  // recv's body: with `join` the compute stream waits for the message (nullptr returned); without, a
+  // directly received message's completion event is returned for the caller to join (nullptr when it came
+  // from the stash, already copied in compute-stream order).
+  cudaEvent_t receive(Tensor& t, int peer, int tag, bool join);
 
   std::unique_ptr<Communicator> host_;
   MPI_Comm mpi_ = MPI_COMM_NULL;  // private duplicate of host_'s communicator; null for a group of one

@@ -154,7 +154,8 @@ class Backend {
   // 2G*D: rows whose last 2G*D columns hold group g's key at g*D and its value at (G + g)*D (a packed qkv,
   // or a [B*Tk, 2G*D] block of keys then values). causal: both blocks cover the same positions (Tq == Tk)
   // and query i attends keys 0..i; otherwise every query attends every key. out [B*Tq, H*D] (any float
-  // dtype) and lse F32 [B, H, Tq] are attention_forward's over this block's keys alone.
+  // dtype on the CPU; F32 or q's dtype on CUDA, where q and kv share a dtype) and lse F32 [B, H, Tq] are
+  // attention_forward's over this block's keys alone.
   virtual void attention_block_forward(const Tensor& q, const Tensor& kv, int64_t B, int64_t Tq, int64_t Tk,
                                        int64_t H, int64_t G, int64_t D, bool causal, Tensor& out, Tensor& lse) = 0;
   // dq F32 [B*Tq, H*D] += and dkv F32 [B*Tk, 2G*D] += this block's share of the gradient; out and lse are the
@@ -163,8 +164,8 @@ class Backend {
                                         const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
                                         int64_t D, bool causal, Tensor& dq, Tensor& dkv) = 0;
   // Folds one block's result into a running one over the same queries (the log-sum-exp merge):
-  // lse' = log(e^lse + e^lse_b), out' = e^(lse - lse') out + e^(lse_b - lse') out_b. out and out_b F32
-  // [B*T, H*D], lse and lse_b F32 [B, H, T].
+  // lse' = log(e^lse + e^lse_b), out' = e^(lse - lse') out + e^(lse_b - lse') out_b (out_b itself where
+  // lse is -inf: out is then not read). out and out_b F32 [B*T, H*D], lse and lse_b F32 [B, H, T].
   virtual void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b, int64_t B,
                                int64_t T, int64_t H, int64_t D) = 0;
   // dst[:, dst_col .. dst_col + width) = src[:, src_col .. src_col + width) over the rows of two 2-D float

@@ -360,10 +360,15 @@ void CpuBackend::attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, 
       const float lbv = lb[(b * H + h) * T + t];
       const float m = std::max(la, lbv);
       if (m == kNegInf) continue;  // neither block has a key for this query yet
-      const float merged = m + std::log(std::exp(la - m) + std::exp(lbv - m));
-      const float wa = std::exp(la - merged), wb = std::exp(lbv - merged);
       float* orow = o + n * H * D + h * D;
       const float* brow = ob + n * H * D + h * D;
+      if (la == kNegInf) {  // nothing merged yet: take the block's (whatever out held)
+        std::copy_n(brow, D, orow);
+        la = lbv;
+        continue;
+      }
+      const float merged = m + std::log(std::exp(la - m) + std::exp(lbv - m));
+      const float wa = std::exp(la - merged), wb = std::exp(lbv - merged);
 #pragma omp simd
       for (int64_t c = 0; c < D; ++c) orow[c] = wa * orow[c] + wb * brow[c];
       la = merged;

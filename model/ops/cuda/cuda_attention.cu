@@ -313,7 +313,9 @@ __global__ void attention_merge_kernel(float* out, float* lse, const float* out_
   const float merged = m + logf(expf(la - m) + expf(lb - m));
   const float wa = expf(la - merged), wb = expf(lb - merged);
   const int64_t first = ((b * T + t) * H + h) * D;
-  for (int64_t d = lane; d < D; d += 32) out[first + d] = wa * out[first + d] + wb * out_b[first + d];
+  const bool empty = la == -__int_as_float(0x7f800000);  // nothing merged yet: take the block's
+  for (int64_t d = lane; d < D; d += 32)
+    out[first + d] = empty ? out_b[first + d] : wa * out[first + d] + wb * out_b[first + d];
   __syncwarp();
   if (lane == 0) lse[row] = merged;
 }
