@@ -1,12 +1,13 @@
 // Causal self-attention on the CPU (multi-head, or grouped-query with G key/value heads shared by H/G query
-// heads each), and attention between two blocks of positions (context parallelism's ring), flash-style: queries in blocks of kQueryRows against keys in blocks of kKeyRows, an online
-// softmax, and per-thread scratch only, so memory does not grow with B*H*T^2 (the [B, H, T, T]
-// probabilities are never formed). Q, K and V are read in place from the packed qkv rows (leading
-// dimension (H + 2G)*D; query head h reads key/value group h / (H/G)), or from a block of queries and one
-// of keys and values; one kernel per direction serves both, driven by a BlockGeometry. Block products are single-threaded
-// oneDNN matmuls (cpu_matmul.h) issued from OpenMP loops; with bf16 activations, on CPUs with native bf16
-// products (AVX512-BF16 or AMX), they take bf16 operands (P and dS rounded to bf16 by the row kernels that
-// make them, for the products that consume them, as fused GPU kernels do) and accumulate in fp32; elsewhere
+// heads each), and attention between two blocks of positions (context parallelism's ring), flash-style:
+// queries in blocks of kQueryRows against keys in blocks of kKeyRows, an online softmax, and per-thread
+// scratch only, so memory does not grow with B*H*T^2 (the [B, H, T, T] probabilities are never formed).
+// Q, K and V are read in place from the packed qkv rows (leading dimension (H + 2G)*D; query head h reads
+// key/value group h / (H/G)), or from a block of queries and one of keys and values; one kernel per
+// direction serves both, driven by a BlockGeometry. Block products are single-threaded oneDNN matmuls
+// (cpu_matmul.h) issued from OpenMP loops; with bf16 activations, on CPUs with native bf16 products
+// (AVX512-BF16 or AMX), they take bf16 operands (P and dS rounded to bf16 by the row kernels that make
+// them, for the products that consume them, as fused GPU kernels do) and accumulate in fp32; elsewhere
 // they run in fp32 on converted copies.
 //
 // Forward, per (sequence, head, query block), over key blocks j up to the diagonal:
