@@ -24,15 +24,15 @@
 #include "app/trainer.h"
 #include "app/watchdog.h"
 #include "model/ops/backend.h"
-#include "parallel/checkpoint_format.h"
-#include "parallel/checkpoint_lock.h"
-#include "parallel/host_messages.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/communicator_factory.h"
-#include "parallel/context_parallel.h"
-#include "parallel/memory_model.h"
-#include "parallel/pipeline_schedule.h"
-#include "parallel/process_grid.h"
+#include "parallel/checkpoint/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_lock.h"
+#include "parallel/comm/host_messages.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/context_parallel.h"
+#include "parallel/plan/memory_model.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/grid/process_grid.h"
 
 
 namespace gpt {
@@ -357,7 +357,7 @@ int run_distributed(const DistributedRun& args) {
   if (args.command == "train") {
     try {
       trainer.train();
-    } catch (const CheckpointError& e) {  // raised alike on every rank (parallel/checkpoint.h)
+    } catch (const CheckpointError& e) {  // raised alike on every rank (parallel/checkpoint/checkpoint.h)
       throw StartupError(e.what());
     } catch (const TrainingDiverged& e) {  // likewise: the loss and norm are the same on every rank
       throw StartupError(e.what());

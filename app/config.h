@@ -98,7 +98,7 @@ struct CheckpointConfig {
   bool save_optimizer = true;  // false: save weights (and fp32 masters) only, no Adam moments
   double lock_stale_s = 300;   // a lock from another host not refreshed for this long is stale
   // Periodic saves copy this rank's shards to host memory and write them in the background while
-  // training goes on (parallel/checkpoint_save.h); false: every save writes before training continues.
+  // training goes on (parallel/checkpoint/checkpoint_save.h); false: every save writes before training continues.
   bool async_save = true;
 };
 

@@ -5,8 +5,8 @@
 #pragma once
 #include "app/config.h"
 #include "model/gpt_model.h"
-#include "parallel/memory_model.h"
-#include "parallel/process_grid.h"
+#include "parallel/plan/memory_model.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

@@ -1,7 +1,7 @@
 // Overflow-checked arithmetic on the sizes derived from a config (see app/config_sizes.h). Each derived
 // value carries the keys it was computed from, so an overflow is reported with those keys and values.
 // The bounds mirror what the program computes in 64-bit integers: model/param_count.cpp (parameters),
-// parallel/memory_model.cpp (bytes; its activations are bounded here by every sample of the global
+// parallel/plan/memory_model.cpp (bytes; its activations are bounded here by every sample of the global
 // batch being in flight at once: no schedule exceeds that, and the planner prices micro_batch_size up to
 // the global batch on one stage), the batch loader and the schedule (`int`).
 #include "app/config_sizes.h"

@@ -11,7 +11,7 @@
 #include "app/config.h"
 #include "app/safetensors.h"
 #include "model/model_description.h"
-#include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_format.h"
 
 namespace gpt {
 

@@ -9,7 +9,7 @@
 // costs what the tied head does). Norms, biases, rotary encoding and element-wise work are not counted.
 // For the GPT-2/GPT-3 layout (G = H, GELU, f = 4h) this is Narayanan et al. 2021, eq. 3:
 // 72 B s l h^2 (1 + s/6h + V/12lh). Newer Megatron-LM halves the attention core for the causal mask;
-// this keeps eq. 3's count, the one parallel/time_model.h and the planner's published checks use.
+// this keeps eq. 3's count, the one parallel/plan/time_model.h and the planner's published checks use.
 #pragma once
 #include <cstdint>
 

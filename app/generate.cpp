@@ -28,10 +28,10 @@
 #include "app/watchdog.h"
 #include "data/tokenizer.h"
 #include "model/ops/backend.h"
-#include "parallel/checkpoint.h"
-#include "parallel/checkpoint_format.h"
-#include "parallel/communicator_factory.h"
-#include "parallel/process_grid.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/checkpoint_format.h"
+#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

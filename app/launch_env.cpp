@@ -10,7 +10,7 @@
 #include <cstring>
 #include <set>
 
-#include "parallel/context_parallel.h"
+#include "parallel/grid/context_parallel.h"
 
 extern char** environ;
 

@@ -11,7 +11,7 @@
 
 #include <mpi.h>
 
-#include "parallel/process_grid.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

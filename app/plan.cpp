@@ -24,7 +24,7 @@
 #include "app/config.h"
 #include "app/plan_explain.h"
 #include "model/ops/backend.h"
-#include "parallel/process_grid.h"
+#include "parallel/grid/process_grid.h"
 
 
 namespace gpt {

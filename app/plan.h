@@ -1,8 +1,8 @@
 // `gpt-train plan`: which layout to run a config on N devices. Loads the config and a hardware
 // description (a built-in name or a YAML file, configs/hardware/*.yaml), asks the planner
-// (parallel/planner.h) for every valid layout ranked by predicted step time, and prints them with their
+// (parallel/plan/planner.h) for every valid layout ranked by predicted step time, and prints them with their
 // memory per device and time breakdown (or all of them as JSON), with the communication overlaps of
-// `--overlap` (parallel/overlap.h; by default what gpt-train does on the config's backend); `--explain`
+// `--overlap` (parallel/plan/overlap.h; by default what gpt-train does on the config's backend); `--explain`
 // prints one layout's full cost breakdown next to the best (app/plan_explain.h). `--probe FILE` measures
 // this machine's CPU backend instead and writes a hardware file the planner can use, its GEMM efficiency
 // table included. Also here: the start-up checks of
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/planner.h"
+#include "parallel/plan/planner.h"
 
 namespace gpt {
 
@@ -36,7 +36,7 @@ struct PlanCommandOptions {
   std::string grad_dtype = "fp32";           // fp32 | compute
   std::string p2p_scatter_gather = "off";    // on | off
   std::string attention = "fused";           // fused | materialized
-  std::string overlap = "gpt-train";         // none | gpt-train | megatron-core | a list (parallel/overlap.h)
+  std::string overlap = "gpt-train";         // none | gpt-train | megatron-core | a list (parallel/plan/overlap.h)
   std::string explain;                       // TP,PP,DP: that layout's cost breakdown next to the best
   std::string probe;                         // --probe FILE: measure this CPU instead
   std::optional<int64_t> threads;            // probe threads per device; default OpenMP's

@@ -7,7 +7,7 @@
 #pragma once
 #include <string>
 
-#include "parallel/planner.h"
+#include "parallel/plan/planner.h"
 
 namespace gpt {
 

@@ -11,7 +11,7 @@
 
 #include "data/json_lines.h"
 #include "model/ops/half.h"
-#include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_format.h"
 
 namespace gpt {
 

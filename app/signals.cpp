@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string>
 
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

@@ -8,8 +8,8 @@
 
 #include "app/commands.h"
 #include "app/trainer.h"
-#include "parallel/checkpoint_format.h"
-#include "parallel/host_messages.h"
+#include "parallel/checkpoint/checkpoint_format.h"
+#include "parallel/comm/host_messages.h"
 
 namespace gpt {
 

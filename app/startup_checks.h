@@ -8,7 +8,7 @@
 #include <string>
 
 #include "app/config.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

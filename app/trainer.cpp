@@ -17,11 +17,11 @@
 #include "app/watchdog.h"
 #include "data/batch_loader.h"
 #include "data/shard_source.h"
-#include "parallel/checkpoint_save.h"
-#include "parallel/data_parallel.h"
-#include "parallel/grad_sync.h"
-#include "parallel/pipeline_executor.h"
-#include "parallel/pipeline_schedule.h"
+#include "parallel/checkpoint/checkpoint_save.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/data_parallel/grad_sync.h"
+#include "parallel/pipeline/pipeline_executor.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 namespace gpt {
 

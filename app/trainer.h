@@ -18,8 +18,8 @@
 #include "model/adamw.h"
 #include "model/gpt_model.h"
 #include "model/loss_scaler.h"
-#include "parallel/checkpoint_format.h"
-#include "parallel/process_grid.h"
+#include "parallel/checkpoint/checkpoint_format.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

@@ -1,5 +1,5 @@
 // The trainer's side of checkpointing: describes this rank's model to the distributed checkpoint
-// (parallel/checkpoint.h), and restores the scalars that make a resumed run continue exactly where the
+// (parallel/checkpoint/checkpoint.h), and restores the scalars that make a resumed run continue exactly where the
 // saved one stopped. Initialisation is counter-based and the data order depends only on the consumed
 // samples, so weights, master weights, Adam moments and step count (which fixes the LR schedule: skipped
 // steps do not advance it), the iteration, consumed samples and the loss-scaler state are the whole
@@ -13,9 +13,9 @@
 #include "data/shard_source.h"
 #include "data/tokenizer.h"
 #include "app/watchdog.h"
-#include "parallel/checkpoint.h"
-#include "parallel/checkpoint_save.h"
-#include "parallel/data_parallel.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/checkpoint_save.h"
+#include "parallel/data_parallel/data_parallel.h"
 
 namespace gpt {
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 #include <fmt/format.h>
 

@@ -327,7 +327,7 @@ def best_peaks(first, second):
 def theoretical_layout_bytes(layout, layers, hidden, seq, vocab):
     """Bytes per step per rank that gpt-train's counters should show for config M at this layout.
 
-    The counters (parallel/mpi_communicator.cpp) add the buffer size once per collective call (an
+    The counters (parallel/comm/mpi_communicator.cpp) add the buffer size once per collective call (an
     all-reduce of N bytes counts N whatever the algorithm moves; a ring all-reduce sends and receives
     2 (n-1)/n N per rank, which for n = 2 is N) and add the tensor size for every posted send and every
     posted receive, so a p2p transfer counts on both ranks.

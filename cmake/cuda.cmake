@@ -1,4 +1,4 @@
-# The optional CUDA backend (model/ops/cuda) and NCCL communicator (parallel/nccl_communicator.*).
+# The optional CUDA backend (model/ops/cuda) and NCCL communicator (parallel/comm/nccl_communicator.*).
 # GPT_CUDA=AUTO builds them whenever nvcc is found (on PATH or under /usr/local/cuda/bin), ON insists on
 # it, OFF leaves them out. The kernels go into a static library gptcuda that gptcore links, and gptcore
 # gets GPT_HAVE_CUDA (make_backend("cuda") then creates a CudaBackend) and, when nccl.h and libnccl are

@@ -4,7 +4,7 @@
 #include <array>
 #include <stdexcept>
 
-#include "parallel/context_parallel.h"
+#include "parallel/grid/context_parallel.h"
 
 namespace gpt {
 

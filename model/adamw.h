@@ -1,7 +1,7 @@
 // AdamW with decoupled weight decay on fp32 master weights, over flat ranges of the parameter buffers.
 // A range is a contiguous run of a model chunk's flat value and gradient buffers: the whole buffer without
 // a distributed optimizer, this data-parallel rank's shard of it with ZeRO-1
-// (parallel/data_parallel.h). Each range owns flat fp32 moments (and, when the compute dtype is not fp32,
+// (parallel/data_parallel/data_parallel.h). Each range owns flat fp32 moments (and, when the compute dtype is not fp32,
 // flat fp32 master weights that are rounded back into the values by the update itself), so a step is one
 // backend call per range (Backend::adamw_step_flat) whatever the number of parameters in it. The
 // parameters' pieces of a range are its segments: views of the same elements of every buffer, for the

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "parallel/context_parallel.h"
+#include "parallel/grid/context_parallel.h"
 
 namespace gpt {
 

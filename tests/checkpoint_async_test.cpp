@@ -1,4 +1,4 @@
-// Asynchronous checkpoint saves in one process (checkpoint.async_save, parallel/checkpoint_save.h): a run
+// Asynchronous checkpoint saves in one process (checkpoint.async_save, parallel/checkpoint/checkpoint_save.h): a run
 // saving in the background trains exactly like one saving synchronously and writes the same files (every
 // piece's CRC equal), its checkpoints resume bit for bit, saves at every step never overlap (a watcher
 // sees at most one staging directory, and each appears only once the previous save is committed and
@@ -12,8 +12,8 @@
 
 #include "app/config_model.h"
 #include "checkpoint_test_util.h"
-#include "parallel/checkpoint_save.h"
-#include "parallel/memory_model.h"
+#include "parallel/checkpoint/checkpoint_save.h"
+#include "parallel/plan/memory_model.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "checkpoint_test_util.h"
-#include "parallel/checkpoint_lock.h"
+#include "parallel/checkpoint/checkpoint_lock.h"
 
 namespace gpt::ckpt_test {
 namespace {

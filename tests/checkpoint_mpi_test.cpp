@@ -9,7 +9,7 @@
 
 #include "llama_variants.h"
 #include "checkpoint_test_util.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "app/trainer.h"
-#include "parallel/checkpoint.h"
+#include "parallel/checkpoint/checkpoint.h"
 
 namespace gpt::ckpt_test {
 

@@ -14,8 +14,8 @@
 
 #include "app/launch_env.h"
 #include "model/ops/half.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/process_grid.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/grid/process_grid.h"
 #include "tests/comm_test_util.h"
 
 namespace gpt {

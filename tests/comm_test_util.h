@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 #include "tests/host_tensor.h"
 
 namespace gpt {

@@ -13,8 +13,8 @@
 #include "app/trainer.h"
 #include "model/gpt_model.h"
 #include "model/param_count.h"
-#include "parallel/pipeline_schedule.h"
-#include "parallel/process_grid.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 namespace {

@@ -22,11 +22,11 @@
 #include "checkpoint_test_util.h"
 #include "data/batch_loader.h"
 #include "llama_variants.h"
-#include "parallel/data_parallel.h"
-#include "parallel/communicator_factory.h"
-#include "parallel/grad_sync.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/pipeline_executor.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/comm/communicator_factory.h"
+#include "parallel/data_parallel/grad_sync.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/pipeline/pipeline_executor.h"
 
 using namespace gpt;
 

@@ -20,7 +20,7 @@
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
 #include "model/ops/half.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 #ifdef GPT_HAVE_CUDA
 #include "model/ops/cuda/cuda_backend.h"

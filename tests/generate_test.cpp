@@ -15,7 +15,7 @@
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 using namespace gpt;
 

@@ -20,8 +20,8 @@
 #include <cstring>
 
 #include "app/trainer.h"
-#include "parallel/data_parallel.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/comm/mpi_communicator.h"
 
 using namespace gpt;
 

@@ -12,8 +12,8 @@
 #include "app/config_model.h"
 #include "app/config.h"
 #include "app/launch_env.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/process_grid.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/grid/process_grid.h"
 #include "tests/host_tensor.h"
 
 namespace gpt {

@@ -14,8 +14,8 @@
 
 #include "llama_variants.h"
 #include "app/trainer.h"
-#include "parallel/communicator_factory.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/communicator_factory.h"
+#include "parallel/comm/mpi_communicator.h"
 
 using namespace gpt;
 

@@ -16,7 +16,7 @@
 
 #include "app/lr_schedule.h"
 #include "app/trainer.h"
-#include "parallel/data_parallel.h"
+#include "parallel/data_parallel/data_parallel.h"
 #include "tiny_model_config.h"
 
 using namespace gpt;

@@ -1,11 +1,11 @@
-// The memory model (parallel/memory_model.h) against the CPU backend's exact allocation counters: real
+// The memory model (parallel/plan/memory_model.h) against the CPU backend's exact allocation counters: real
 // training runs of small models, 3 steps each, under recompute none / selective / full, fp32 and bf16,
 // one process and several (tensor, pipeline, data) layouts over MPI, for the GPT model and a Llama-shaped
 // one (rotary positions, RMSNorm, SwiGLU, grouped-query attention, untied output layer, no biases); the
 // predicted peak bytes of each rank must equal the measured high-water mark to the byte (within 10% on
 // the data-parallel ranks other than 0 of the distributed optimizer, whose shard may be smaller). Also:
 // the static part alone against the buffers the trainer really allocated, and the replayed schedule order
-// against parallel/pipeline_schedule.h's tables.
+// against parallel/pipeline/pipeline_schedule.h's tables.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -15,9 +15,9 @@
 #include "app/config_model.h"
 #include "app/trainer.h"
 #include "model/adamw.h"
-#include "parallel/data_parallel.h"
-#include "parallel/memory_model.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/plan/memory_model.h"
+#include "parallel/comm/mpi_communicator.h"
 #include "tests/llama_variants.h"
 
 using namespace gpt;
@@ -267,7 +267,7 @@ void check_case(const Case& k) {
 }
 
 // Many microbatches per step: sent activations and gradients are freed at the release points of
-// parallel/send_release.h, so the peak (measured = predicted, as in every case) is that of 4 microbatches.
+// parallel/pipeline/send_release.h, so the peak (measured = predicted, as in every case) is that of 4 microbatches.
 void check_many_microbatches(const Case& k) {
   check_case(k);
   Case few = k;

@@ -18,14 +18,14 @@
 #include <vector>
 
 #include "model/ops/backend.h"
-#include "parallel/communicator_factory.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/process_grid.h"
+#include "parallel/comm/communicator_factory.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/grid/process_grid.h"
 
 #ifdef GPT_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
-#include "parallel/nccl_communicator.h"
+#include "parallel/comm/nccl_communicator.h"
 #endif
 
 namespace gpt {

@@ -16,10 +16,10 @@
 
 #include "app/trainer.h"
 #include "data/batch_loader.h"
-#include "parallel/data_parallel.h"
-#include "parallel/grad_sync.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/pipeline_executor.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/data_parallel/grad_sync.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/pipeline/pipeline_executor.h"
 
 using namespace gpt;
 

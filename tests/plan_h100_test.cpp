@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "parallel/planner.h"
+#include "parallel/plan/planner.h"
 
 using namespace gpt;
 

@@ -20,7 +20,7 @@
 #include "app/cli.h"
 #include "app/plan.h"
 #include "app/plan_explain.h"
-#include "parallel/planner.h"
+#include "parallel/plan/planner.h"
 #include "tests/error_of.h"
 
 using namespace gpt;

@@ -1,4 +1,4 @@
-// The planner (parallel/planner.h) against published results and against itself:
+// The planner (parallel/plan/planner.h) against published results and against itself:
 //  - Megatron-LM's weak-scaling table (Narayanan et al. 2021, "Efficient Large-Scale Language Model
 //    Training on GPU Clusters Using Megatron-LM", Table 1: GPT models of 1.7B to 1T parameters on up to
 //    3072 A100 80 GB), with no overlap assumed: for each row the planner's predicted TFLOP/s per GPU for
@@ -29,13 +29,13 @@
 
 #include "app/config_model.h"
 #include "app/config.h"
-#include "parallel/pipeline_schedule.h"
-#include "parallel/process_grid.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/grid/process_grid.h"
 
 #include "app/cli.h"
 #include "app/flops.h"
 #include "app/plan.h"
-#include "parallel/planner.h"
+#include "parallel/plan/planner.h"
 #include "tests/llama_variants.h"
 
 using namespace gpt;
@@ -132,7 +132,7 @@ TEST(PlannerMegatron, Table1WithinTwentyPercentWithoutOverlap) {
 }
 
 // The bigger rows hold 64 to 512 microbatches per step. This codebase's executor frees a send buffer once
-// a received message proves its delivery (parallel/send_release.h), so a stage holds a few of them, not
+// a received message proves its delivery (parallel/pipeline/send_release.h), so a stage holds a few of them, not
 // one per microbatch: the published 530B and 1T layouts fit in 80 GB, a few activations above an executor
 // that frees each buffer at once, and a step of 4 times the microbatches needs no more memory.
 TEST(PlannerMegatron, SendBuffersDoNotGrowWithTheMicrobatches) {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "model/ring_attention.h"
-#include "parallel/context_parallel.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/process_grid.h"
+#include "parallel/grid/context_parallel.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/grid/process_grid.h"
 
 using namespace gpt;
 

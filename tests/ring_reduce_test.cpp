@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/ops/half.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 #include "tests/comm_test_util.h"
 
 namespace gpt {

@@ -1,4 +1,4 @@
-// Tests for the pipeline schedule tables (parallel/pipeline_schedule.h): argument and layout validation
+// Tests for the pipeline schedule tables (parallel/pipeline/pipeline_schedule.h): argument and layout validation
 // messages, hand-checked golden tables, and for every p <= 8, v <= 4, m <= 32 the structural properties
 // the executor relies on (each pass once, backward after forward, Megatron's warmup counts and pass order
 // rebuilt independently from Megatron-Core's schedule-table construction, send/recv pairing and FIFO order,
@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 namespace gpt {
 namespace {

@@ -1,4 +1,4 @@
-// Send-buffer release points (parallel/send_release.h): checked against an independent reachability search
+// Send-buffer release points (parallel/pipeline/send_release.h): checked against an independent reachability search
 // over each step's event graph, for the rule that waits for downstream activations, for the bound on live
 // buffers as the number of microbatches grows, and for malformed tables.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/send_release.h"
+#include "parallel/pipeline/send_release.h"
 
 using namespace gpt;
 

@@ -1,4 +1,4 @@
-// The host-staged communicator (parallel/staged_communicator.h) on 8 ranks, over host memory: every
+// The host-staged communicator (parallel/comm/staged_communicator.h) on 8 ranks, over host memory: every
 // collective, p2p and non-blocking operation gives bit for bit what the MPI communicator it wraps gives on
 // the same tensors (fp32, bf16, fp16 and int32), and counts the same bytes; and a whole training run with
 // every group staged reproduces the plain MPI run of the same layout exactly. On a GPU the same code stages
@@ -11,9 +11,9 @@
 
 #include "app/trainer.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
-#include "parallel/communicator_factory.h"
-#include "parallel/mpi_communicator.h"
-#include "parallel/staged_communicator.h"
+#include "parallel/comm/communicator_factory.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/comm/staged_communicator.h"
 #include "tiny_model_config.h"
 
 using namespace gpt;

@@ -1,7 +1,7 @@
 // Distributed load (see checkpoint.h; saving is in checkpoint_save.cpp): rank 0's validation broadcast,
 // each rank's reads for its own layout, and the error agreement that turns a failure on any rank into the
 // same exception on every rank.
-#include "parallel/checkpoint.h"
+#include "parallel/checkpoint/checkpoint.h"
 
 #include <chrono>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 
-#include "parallel/host_messages.h"
+#include "parallel/comm/host_messages.h"
 
 namespace gpt {
 

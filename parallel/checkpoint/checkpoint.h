@@ -1,5 +1,5 @@
-// Distributed checkpoint save and load over a process grid (the format is in parallel/checkpoint_format.h
-// and docs/checkpoint-format.md; saving, synchronous or in the background, in parallel/checkpoint_save.h).
+// Distributed checkpoint save and load over a process grid (the format is in parallel/checkpoint/checkpoint_format.h
+// and docs/checkpoint-format.md; saving, synchronous or in the background, in parallel/checkpoint/checkpoint_save.h).
 // Save: every rank writes the pieces it owns, in parallel, into `iter_NNNNNNN.tmp/rank_RRRRR.h5` and
 // fsyncs it: each optimizer segment (the whole parameter, or with ZeRO-1 this data-parallel rank's part)
 // gives its model values, fp32 master weights (when distinct from the values) and Adam moments, written by
@@ -21,9 +21,9 @@
 
 #include "model/gpt_model.h"
 #include "model/loss_scaler.h"
-#include "parallel/checkpoint_format.h"
-#include "parallel/data_parallel.h"
-#include "parallel/process_grid.h"
+#include "parallel/checkpoint/checkpoint_format.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 
@@ -68,7 +68,7 @@ struct CheckpointSaveReport {
   int64_t iteration = 0;
   int64_t bytes = 0;    // all rank files plus the metadata
   bool async = false;   // some rank wrote its file in the background
-  // The slowest rank's time in each phase (parallel/checkpoint_save.h): blocked in start() (for an
+  // The slowest rank's time in each phase (parallel/checkpoint/checkpoint_save.h): blocked in start() (for an
   // asynchronous save, mostly the copy into host memory), writing its file (in the background, or
   // inside start() when synchronous) and the commit; and the bytes copied into host snapshots.
   double blocking_seconds = 0, write_seconds = 0, commit_seconds = 0;

@@ -17,8 +17,8 @@
 #include <tuple>
 #include <sstream>
 
-#include "parallel/checkpoint_format.h"
-#include "parallel/checkpoint_lock.h"
+#include "parallel/checkpoint/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_lock.h"
 
 namespace gpt {
 

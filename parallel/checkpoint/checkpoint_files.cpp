@@ -20,7 +20,7 @@
 
 #include "data/hdf5_util.h"
 #include "model/ops/half.h"
-#include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_format.h"
 
 namespace gpt {
 

@@ -1,6 +1,6 @@
 // Checkpoint directory lock (see checkpoint_lock.h): exclusive create, staleness by process or heartbeat,
 // atomic take-over by rename, release only of a lock that is still this process's.
-#include "parallel/checkpoint_lock.h"
+#include "parallel/checkpoint/checkpoint_lock.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -19,7 +19,7 @@
 #include <sstream>
 #include <vector>
 
-#include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_format.h"
 
 namespace gpt {
 

@@ -13,7 +13,7 @@
 #include <fmt/format.h>
 
 #include "model/model_description.h"
-#include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_format.h"
 
 namespace gpt {
 

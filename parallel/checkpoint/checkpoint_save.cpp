@@ -1,7 +1,7 @@
 // Distributed checkpoint saves (see checkpoint_save.h): who writes which piece, the snapshot or direct
 // write of start(), the world-wide agreement on the writes' outcome, and the commit that makes a save
 // the one `latest` names.
-#include "parallel/checkpoint_save.h"
+#include "parallel/checkpoint/checkpoint_save.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include <map>
 #include <sstream>
 
-#include "parallel/host_messages.h"
+#include "parallel/comm/host_messages.h"
 
 namespace gpt {
 

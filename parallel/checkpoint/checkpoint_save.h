@@ -1,7 +1,7 @@
 // Saving a distributed checkpoint, synchronously or in the background (checkpoint.async_save; the
 // protocol is in docs/checkpoint-format.md). A save has three phases:
 //  1. start (collective, blocking): rank 0 makes the staging directory iter_NNNNNNN.tmp and writes the
-//     tokenizer's files into it; every rank lists the pieces it owns (parallel/checkpoint_writer.h) and
+//     tokenizer's files into it; every rank lists the pieces it owns (parallel/checkpoint/checkpoint_writer.h) and
 //     either copies their values into its pooled host snapshot, after which a background thread writes
 //     its rank file from the snapshot while training goes on, or (a synchronous save, or a rank whose
 //     snapshot would not fit in its share of the host memory available, or could not be allocated)
@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/checkpoint.h"
-#include "parallel/checkpoint_writer.h"
+#include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/checkpoint_writer.h"
 
 namespace gpt {
 

@@ -1,6 +1,6 @@
 // One rank's checkpoint file (see checkpoint_writer.h): the snapshot pool and copy, the writer shared by
 // synchronous and background saves, and the background thread.
-#include "parallel/checkpoint_writer.h"
+#include "parallel/checkpoint/checkpoint_writer.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
-#include "parallel/checkpoint_lock.h"
+#include "parallel/checkpoint/checkpoint_lock.h"
 
 namespace gpt {
 

@@ -3,7 +3,7 @@
 // every save: page-locked on CUDA, so the device-to-host copy runs at full bus speed), and the rank file
 // written from the snapshot on a background thread or from the live tensors on the calling thread (a
 // synchronous save). Either way the file, its CRCs and its fsync are the same; the commit that makes the
-// files a checkpoint is collective and lives in parallel/checkpoint_save.cpp.
+// files a checkpoint is collective and lives in parallel/checkpoint/checkpoint_save.cpp.
 // The background thread touches nothing of the model: each piece carries copies of its names, shapes
 // and shard, and its values are in the snapshot. It runs at the lowest priority (nice 19), so on a
 // machine whose cores all train (the CPU backend) the write takes the cycles training leaves, not the
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "model/ops/backend.h"
-#include "parallel/checkpoint_format.h"
+#include "parallel/checkpoint/checkpoint_format.h"
 
 namespace gpt {
 

@@ -1,6 +1,6 @@
 // Communicator: the collective and point-to-point operations the model and the parallel engine need,
 // over one group of ranks. Backends: SelfCommunicator (a group of one: every op is the identity), the MPI
-// backend (parallel/mpi_communicator.*) and NCCL (parallel/nccl_communicator.*). Every backend reduces
+// backend (parallel/comm/mpi_communicator.*) and NCCL (parallel/comm/nccl_communicator.*). Every backend reduces
 // F32, BF16 and F16 tensors (a bf16 or fp16 run's activations cross the tensor-parallel group in that
 // dtype) and moves tensors of any dtype; `all_reduce_host` reduces small host arrays (scalars, norms, flags).
 // The non-blocking reductions (all_reduce_async, reduce_scatter_blocks_async) are what the data-parallel

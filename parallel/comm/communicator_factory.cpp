@@ -1,17 +1,17 @@
 // Choice of communicators per backend: NCCL (or MPI through host memory) for GPU groups of several ranks, a
 // device-aware identity for GPU groups of one (SelfCommunicator copies with memcpy, which cannot touch GPU
 // memory), MPI otherwise.
-#include "parallel/communicator_factory.h"
+#include "parallel/comm/communicator_factory.h"
 
 #include <spdlog/spdlog.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "parallel/staged_communicator.h"
+#include "parallel/comm/staged_communicator.h"
 
 #ifdef GPT_HAVE_NCCL
-#include "parallel/nccl_communicator.h"
+#include "parallel/comm/nccl_communicator.h"
 #endif
 
 namespace gpt {

@@ -1,5 +1,5 @@
 // Which communicator carries each process group's traffic for a given compute backend. The process grid
-// (parallel/process_grid.h) builds MPI groups, which move host memory; with the CUDA backend the groups
+// (parallel/grid/process_grid.h) builds MPI groups, which move host memory; with the CUDA backend the groups
 // that move tensors (tp, dp, pp, embedding) must move GPU memory instead, so they are rebuilt over the
 // same ranks as NCCL communicators (the pipeline group with per-pair p2p channels), and groups of one
 // become a device-aware identity. world and model_parallel only reduce host arrays and stay on MPI.
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "model/ops/backend.h"
-#include "parallel/process_grid.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 
@@ -18,7 +18,7 @@ bool nccl_built_in();
 // embedding groups of several ranks are replaced by `communicator` (parallel.communicator):
 //  - "nccl": NCCL communicators (one GPU per rank); std::runtime_error naming the group when NCCL is not
 //    built in;
-//  - "mpi": the MPI groups through host memory (parallel/staged_communicator.h), for several ranks on one
+//  - "mpi": the MPI groups through host memory (parallel/comm/staged_communicator.h), for several ranks on one
 //    GPU;
 //  - "auto": NCCL when built in, else "mpi" with one warning.
 // Collective over the world when any group has more than one rank: every rank must call it at the same

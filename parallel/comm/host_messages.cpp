@@ -1,6 +1,6 @@
 // Text over a communicator (see host_messages.h): strings travel as zero-padded 32-bit words, their
 // lengths through a host reduction.
-#include "parallel/host_messages.h"
+#include "parallel/comm/host_messages.h"
 
 #include <algorithm>
 #include <cstring>

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

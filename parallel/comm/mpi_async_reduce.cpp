@@ -1,5 +1,5 @@
 // The MPI communicator's non-blocking reductions of fp32 host tensors (gradient buckets). Those of
-// kRingMinBytes and more run as the communicator's own rings (parallel/mpi_ring.cpp); below that, sums
+// kRingMinBytes and more run as the communicator's own rings (parallel/comm/mpi_ring.cpp); below that, sums
 // run as MPI_Iallreduce in place, and reduce-scatters as MPI_Ireduce_scatter with one count per rank into
 // a receive buffer that is copied into this rank's block when the reduction completes. Both are cut into the same pieces as the blocking
 // collectives (MpiCommunicator::kReduceChunkElems), each piece its own request; the handle keeps the
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 
 namespace gpt {
 

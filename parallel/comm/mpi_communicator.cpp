@@ -2,7 +2,7 @@
 // argument checks before every MPI call, MPI error codes turned into exceptions, large messages split into
 // pieces MPI's int counts can address, 16-bit reductions carried out in fp32, and the bytes/seconds
 // accounting behind the comm-volume log.
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 
 #include <spdlog/spdlog.h>
 
@@ -122,7 +122,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm),
   int* ub = nullptr;
   int flag = 0;
   MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &flag);
-  if (flag && ub) tag_ub_ = *ub - kRingTags;  // the top tags are the ring all-reduces' own (parallel/mpi_ring.cpp)
+  if (flag && ub) tag_ub_ = *ub - kRingTags;  // the top tags are the ring all-reduces' own (parallel/comm/mpi_ring.cpp)
 }
 
 static void require_mpi(const std::string& what) {

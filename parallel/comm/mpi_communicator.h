@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 
@@ -77,7 +77,7 @@ class MpiCommunicator final : public Communicator {
   static constexpr int64_t kCollectiveChunkBytes = int64_t(8) << 20;
   static constexpr int64_t kReduceChunkElems = kCollectiveChunkBytes / 4;
   // fp32 sums of at least this many bytes, blocking or not, and non-blocking reduce-scatters as large, run
-  // as this class's own rings (parallel/mpi_ring.cpp, over MPI_Isend/MPI_Irecv with the neighbours)
+  // as this class's own rings (parallel/comm/mpi_ring.cpp, over MPI_Isend/MPI_Irecv with the neighbours)
   // instead of MPI_Allreduce / MPI_Iallreduce / MPI_Ireduce_scatter. Open MPI's non-blocking collectives
   // (libnbc) allocate and copy a temporary buffer of the whole piece on every call, and inside a training
   // step, where the heap is trimmed between calls, those pages fault in again each time: config M's 120 MB

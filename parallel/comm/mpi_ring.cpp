@@ -12,7 +12,7 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 
 namespace gpt {
 

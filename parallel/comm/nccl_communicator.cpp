@@ -3,7 +3,7 @@
 // and tag-matched point-to-point over MPI headers (see nccl_communicator.h). Compiled to nothing unless
 // the build found NCCL (GPT_HAVE_NCCL).
 #ifdef GPT_HAVE_NCCL
-#include "parallel/nccl_communicator.h"
+#include "parallel/comm/nccl_communicator.h"
 
 #include <functional>
 #include <mutex>
@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "model/ops/cuda/cuda_backend.h"
-#include "parallel/mpi_communicator.h"
+#include "parallel/comm/mpi_communicator.h"
 
 namespace gpt {
 

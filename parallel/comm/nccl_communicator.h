@@ -16,7 +16,7 @@
 // MPI header (tag, bytes) to the receiver; recv(tag) reads headers from that peer in order, receiving any
 // earlier message it is not yet asked for into a stash buffer, and takes a stashed message directly when
 // one waits. That reproduces MPI's tag matching with buffered non-blocking sends, the rule under which
-// the pipeline schedules are proven deadlock-free (parallel/pipeline_schedule.h). With `p2p_channels`
+// the pipeline schedules are proven deadlock-free (parallel/pipeline/pipeline_schedule.h). With `p2p_channels`
 // (the pipeline group) every ordered pair of ranks gets its own two-rank NCCL communicator and stream, so
 // sends to one peer never queue behind receives from another; without it p2p uses the group's main
 // communicator, which is enough for occasional transfers that do not interleave with collectives.
@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "model/ops/backend.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

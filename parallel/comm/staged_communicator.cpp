@@ -1,5 +1,5 @@
-// Host-staged collectives and p2p for device tensors (see parallel/staged_communicator.h).
-#include "parallel/staged_communicator.h"
+// Host-staged collectives and p2p for device tensors (see parallel/comm/staged_communicator.h).
+#include "parallel/comm/staged_communicator.h"
 
 #include <functional>
 #include <stdexcept>

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "model/ops/backend.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

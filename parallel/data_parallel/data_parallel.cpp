@@ -1,5 +1,5 @@
 // Bucketed data-parallel reduction, ZeRO-1 sharding, global norm, clipping factor and the optimizer step.
-#include "parallel/data_parallel.h"
+#include "parallel/data_parallel/data_parallel.h"
 
 #include <cmath>
 

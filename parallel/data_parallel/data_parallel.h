@@ -7,7 +7,7 @@
 // fp32 master weights and Adam moments for that shard only, updates it, and the updated values are
 // all-gathered back into every rank's value buffer.
 // Overlap (parallel.overlap_grad_reduce): the same buckets start their reductions during the backward
-// pass, as soon as their gradients are complete (parallel/grad_buckets.h); reduce_gradients() then only
+// pass, as soon as their gradients are complete (parallel/data_parallel/grad_buckets.h); reduce_gradients() then only
 // finishes them.
 // The global gradient norm counts each parameter once (tensor-parallel replicas and the tied copy
 // skipped) and sums per-parameter squares in a canonical, layout-independent order, so runs that differ
@@ -19,8 +19,8 @@
 
 #include "model/adamw.h"
 #include "model/gpt_model.h"
-#include "parallel/grad_buckets.h"
-#include "parallel/process_grid.h"
+#include "parallel/data_parallel/grad_buckets.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

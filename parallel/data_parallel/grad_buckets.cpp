@@ -1,5 +1,5 @@
 // Bucket bookkeeping and the non-blocking reductions of the overlapped data-parallel gradient sync.
-#include "parallel/grad_buckets.h"
+#include "parallel/data_parallel/grad_buckets.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -1,20 +1,20 @@
 // Data-parallel gradient reduction overlapped with the backward pass (Megatron's --overlap-grad-reduce;
 // parallel.overlap_grad_reduce). Each model chunk's flat gradient buffer is cut into buckets of
 // `bucket_elems` elements, front to back: the buckets the reduction after the backward pass uses too
-// (parallel/data_parallel.h). During a chunk's last backward pass of the step the pipeline executor
+// (parallel/data_parallel/data_parallel.h). During a chunk's last backward pass of the step the pipeline executor
 // reports parameters as their gradients complete (the last blocks first, which the buffer holds first); a
 // bucket whose parameters are all complete starts its reduction on the data-parallel communicator's
 // non-blocking path at once: an all-reduce, or with the distributed optimizer a reduce-scatter that leaves
 // each rank the sums of its shard's part of the bucket. finish() starts the rest and waits for all before
 // the optimizer step. The word embedding and its tied copy get the embedding group's sum after the
-// pipeline (parallel/grad_sync.h), so the buckets that hold them start in finish(), after that sum, as
+// pipeline (parallel/data_parallel/grad_sync.h), so the buckets that hold them start in finish(), after that sum, as
 // without overlap.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "model/gpt_model.h"
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

@@ -1,5 +1,5 @@
 // Tied-embedding and sequence-parallel gradient reductions.
-#include "parallel/grad_sync.h"
+#include "parallel/data_parallel/grad_sync.h"
 
 namespace gpt {
 

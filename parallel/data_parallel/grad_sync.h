@@ -3,12 +3,12 @@
 //    embedding group when they live on different pipeline stages, locally otherwise);
 //  - sequence parallelism: replicated tensors whose gradients came from row blocks (layernorm) are
 //    summed over the tp group.
-// The data-parallel reduction, norm and clipping follow in parallel/data_parallel.h.
+// The data-parallel reduction, norm and clipping follow in parallel/data_parallel/data_parallel.h.
 #pragma once
 #include <vector>
 
 #include "model/gpt_model.h"
-#include "parallel/process_grid.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

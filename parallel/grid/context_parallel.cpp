@@ -1,5 +1,5 @@
-// Context parallelism's chunk assignment and ring attention schedule (parallel/context_parallel.h).
-#include "parallel/context_parallel.h"
+// Context parallelism's chunk assignment and ring attention schedule (parallel/grid/context_parallel.h).
+#include "parallel/grid/context_parallel.h"
 
 #include <stdexcept>
 

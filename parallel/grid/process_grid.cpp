@@ -1,11 +1,11 @@
 // Process grid arithmetic (validation, rank <-> coordinate, group membership, split colors) and the
 // construction of a rank's communicators from it, over MPI or as SelfCommunicators for one process.
-#include "parallel/process_grid.h"
+#include "parallel/grid/process_grid.h"
 
 #include <algorithm>
 #include <climits>
 
-#include "parallel/mpi_communicator.h"  // brings <mpi.h>
+#include "parallel/comm/mpi_communicator.h"  // brings <mpi.h>
 
 namespace gpt {
 

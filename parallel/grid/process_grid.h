@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

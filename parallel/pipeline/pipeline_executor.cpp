@@ -1,11 +1,11 @@
-// Executor of the pipeline schedule tables (parallel/pipeline_schedule.h) over this rank's model chunks.
-#include "parallel/pipeline_executor.h"
+// Executor of the pipeline schedule tables (parallel/pipeline/pipeline_schedule.h) over this rank's model chunks.
+#include "parallel/pipeline/pipeline_executor.h"
 
 #include <map>
 #include <memory>
 
-#include "parallel/pipeline_schedule.h"
-#include "parallel/send_release.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/pipeline/send_release.h"
 
 namespace gpt {
 

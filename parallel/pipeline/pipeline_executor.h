@@ -3,18 +3,18 @@
 // or backward, and posts the result to the neighbour with a non-blocking send. Because sends never block
 // and the table's dependencies are acyclic (checked by the schedule tests' simulation), the executor
 // cannot deadlock. A sent buffer is freed as soon as a received message proves the peer has it
-// (parallel/send_release.h), so the live send buffers stay bounded by the warm-up count instead of growing
+// (parallel/pipeline/send_release.h), so the live send buffers stay bounded by the warm-up count instead of growing
 // with the number of microbatches. With one stage and one chunk it is the plain forward/backward loop
 // over microbatches. The executor knows which backward pass is each chunk's last of the step, and hands
 // that pass's completed gradients to the caller as they complete (the data-parallel overlap starts its
-// bucket reductions from there: parallel/grad_buckets.h).
+// bucket reductions from there: parallel/data_parallel/grad_buckets.h).
 #pragma once
 #include <functional>
 #include <vector>
 
 #include "data/batch_loader.h"
 #include "model/gpt_model.h"
-#include "parallel/process_grid.h"
+#include "parallel/grid/process_grid.h"
 
 namespace gpt {
 

@@ -1,7 +1,7 @@
 // Builds the per-rank schedule tables (plain and interleaved 1F1B), their point-to-point endpoints, the
 // argument and layer-layout validation, and the chunk-to-layer mapping. Pure functions; the simulator and
 // the printer live in schedule_simulate.cpp.
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -16,7 +16,7 @@
 // per-(peer, kind) FIFO match also works. Blocking (rendezvous) sends are not enough: already plain 1F1B with
 // p = 2, m = 2 would hang, rank 0 sending F1's activation while rank 1 sends B0's gradient.
 // The executor does wait for each activation sent downstream, after the receive of its next pass; the
-// release points of parallel/send_release.h run the tables with those waits to prove they complete.
+// release points of parallel/pipeline/send_release.h run the tables with those waits to prove they complete.
 #pragma once
 #include <cstdint>
 #include <optional>

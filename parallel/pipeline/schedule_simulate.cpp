@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 namespace gpt {
 

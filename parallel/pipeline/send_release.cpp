@@ -1,5 +1,5 @@
 // Release points of pipeline send buffers, from vector clocks over the schedule tables (see send_release.h).
-#include "parallel/send_release.h"
+#include "parallel/pipeline/send_release.h"
 
 #include <algorithm>
 #include <map>

@@ -1,7 +1,7 @@
 // When a pipeline rank frees an activation or gradient it has sent: a pure function of the schedule
-// tables (parallel/pipeline_schedule.h), shared by the executor (parallel/pipeline_executor.cpp), which
+// tables (parallel/pipeline/pipeline_schedule.h), shared by the executor (parallel/pipeline/pipeline_executor.cpp), which
 // waits for each send at its release point and drops the buffer, and by the memory model
-// (parallel/memory_model.cpp), which replays the same releases; both agree to the byte, and neither
+// (parallel/plan/memory_model.cpp), which replays the same releases; both agree to the byte, and neither
 // depends on timing.
 //
 // Two rules. (1) A forward activation sent to the next rank (not the interleaved schedule's wrap from the
@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 namespace gpt {
 

@@ -1,5 +1,5 @@
 // GEMM efficiency by shape (see gemm_efficiency.h): clamped inverse-distance weighting in log2 space.
-#include "parallel/gemm_efficiency.h"
+#include "parallel/plan/gemm_efficiency.h"
 
 #include <algorithm>
 #include <cmath>

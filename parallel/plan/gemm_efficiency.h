@@ -8,7 +8,7 @@
 // a query on an entry returns that entry. The fourth power keeps the weight on the nearest entries (on a
 // grid of powers of two, an entry one step away outweighs one two steps away 16 to 1), so a scattered set
 // of published measurements works as well as a full grid. Memory-bound products are the time model's
-// roofline term, not this table's (parallel/time_model.cpp).
+// roofline term, not this table's (parallel/plan/time_model.cpp).
 #pragma once
 #include <array>
 #include <vector>

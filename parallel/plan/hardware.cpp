@@ -1,6 +1,6 @@
 // Built-in hardware descriptions and their validation (see hardware.h). The numbers and their sources are
 // repeated, with comments, in configs/hardware/*.yaml.
-#include "parallel/hardware.h"
+#include "parallel/plan/hardware.h"
 
 #include <stdexcept>
 

@@ -1,5 +1,5 @@
 // A device type and the machine it sits in, as the planner's time model sees it: dense matmul peaks with
-// the GEMM efficiency each product shape achieves (parallel/gemm_efficiency.h), the attention core's rate,
+// the GEMM efficiency each product shape achieves (parallel/plan/gemm_efficiency.h), the attention core's rate,
 // memory size and bandwidth, and the links inside and between nodes. Bandwidths are per device and
 // direction, as data sheets give them; the efficiencies say which fraction is achieved in practice. The
 // built-in descriptions (a100-80g, h100-80g, h200) are also in configs/hardware/*.yaml with the sources of
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/gemm_efficiency.h"
+#include "parallel/plan/gemm_efficiency.h"
 
 namespace gpt {
 
@@ -29,7 +29,7 @@ struct HardwareSpec {
   double memory_bandwidth_gbs = 0;
   double memory_efficiency = 0.8;
   // Achieved rates of two passes that are not plain streaming on a CPU, counted in the bytes the time model
-  // charges them (parallel/time_model.cpp): the cross-entropy over the logits (its exponentials, two per
+  // charges them (parallel/plan/time_model.cpp): the cross-entropy over the logits (its exponentials, two per
   // element, cost more than the traffic on one core) and AdamW with the gradient norm and clipping (a
   // square root and a division per element). 0 = memory_bandwidth_gbs x memory_efficiency, which is what
   // a GPU achieves for both; the CPU probe measures them.

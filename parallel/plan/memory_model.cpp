@@ -1,6 +1,6 @@
 // Memory model (see memory_model.h): static buffers from exact parameter counts, activations from an
 // allocation ledger replayed over this rank's pipeline schedule.
-#include "parallel/memory_model.h"
+#include "parallel/plan/memory_model.h"
 
 #include <fmt/format.h>
 
@@ -10,9 +10,9 @@
 
 #include "model/gpt_model.h"
 #include "model/param_count.h"
-#include "parallel/pipeline_schedule.h"
-#include "parallel/process_grid.h"
-#include "parallel/send_release.h"
+#include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/grid/process_grid.h"
+#include "parallel/pipeline/send_release.h"
 
 namespace gpt {
 
@@ -271,7 +271,7 @@ std::vector<int64_t> chunk_parameter_counts(const ModelDescription& m, const Lay
 
 std::vector<std::pair<PassKind, int>> schedule_passes(int p, int v, int m, int rank) {
   // Warm-up forwards, (forward, backward) pairs, cool-down backwards; the k-th pass of each kind runs
-  // chunk (k / p) % v, counted from the end for backward (parallel/pipeline_schedule.h).
+  // chunk (k / p) % v, counted from the end for backward (parallel/pipeline/pipeline_schedule.h).
   const int total = m * v, warmup = num_warmup_passes(p, v, m, rank);
   auto chunk = [&](PassKind kind, int k) { return kind == PassKind::Forward ? (k / p) % v : v - 1 - (k / p) % v; };
   std::vector<std::pair<PassKind, int>> passes;

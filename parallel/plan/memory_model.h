@@ -29,7 +29,7 @@
 // output (GELU or SwiGLU, recomputed from fc1's output), full keeps only each block's input (and its h until the
 // next norm has added it) and reruns the block before its backward.
 // The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp, model/norm.cpp,
-// model/mlp_activation.cpp, model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline_executor.cpp; a
+// model/mlp_activation.cpp, model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline/pipeline_executor.cpp; a
 // change there needs the same change here (tests/memory_model_test.cpp compares the two on real runs, GPT
 // and Llama-shaped models).
 #pragma once
@@ -41,8 +41,8 @@
 #include "model/model_description.h"
 #include "model/tensor.h"
 #include "model/transformer_block.h"
-#include "parallel/overlap.h"
-#include "parallel/pipeline_schedule.h"
+#include "parallel/plan/overlap.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 namespace gpt {
 
@@ -52,7 +52,7 @@ class GridLayout;
 
 // One way to run the model: the degrees of parallelism and the per-step settings that change memory or
 // time. The number of microbatches per step is global_batch / (micro_batch * dp). cp: context
-// parallelism (parallel/context_parallel.h), each rank holding seq_length / cp positions of every sequence;
+// parallelism (parallel/grid/context_parallel.h), each rank holding seq_length / cp positions of every sequence;
 // the gradients reduce, and the distributed optimizer shards, over dp * cp ranks.
 struct LayoutSpec {
   int tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1;
@@ -73,7 +73,7 @@ struct LayoutSpec {
   // and dropped probabilities cross memory in forward and again in backward, which does not recompute
   // QK^T. Time only: this codebase's attention is fused and has no dropout.
   bool materialized_attention = false;
-  // Communication that runs beside compute (parallel/overlap.h). Time only.
+  // Communication that runs beside compute (parallel/plan/overlap.h). Time only.
   Overlaps overlaps;
   // Asynchronous checkpoint saves (checkpoint.async_save with a checkpoint.dir): each rank holds a host
   // snapshot of what it saves (MemoryEstimate::checkpoint_host); with or without the Adam moments.
@@ -89,8 +89,8 @@ struct LayoutSpec {
 const char* recompute_name(Recompute r);
 
 // How long the pipeline executor keeps a sent activation or gradient alive: until a message it receives
-// proves the peer has it (this codebase's executor, parallel/pipeline_executor.cpp, with the release
-// points of parallel/send_release.h), or only until it is delivered (an executor that waits for each
+// proves the peer has it (this codebase's executor, parallel/pipeline/pipeline_executor.cpp, with the release
+// points of parallel/pipeline/send_release.h), or only until it is delivered (an executor that waits for each
 // transfer, as Megatron-LM's does).
 enum class SendBuffers { ReleasedWhenKnownReceived, FreedOnDelivery };
 

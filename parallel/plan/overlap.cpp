@@ -1,11 +1,11 @@
 // Overlap sets of the time model (see overlap.h): names, presets, parsing and the rules for which
 // overlap applies to which layout.
-#include "parallel/overlap.h"
+#include "parallel/plan/overlap.h"
 
 #include <sstream>
 #include <stdexcept>
 
-#include "parallel/memory_model.h"
+#include "parallel/plan/memory_model.h"
 
 namespace gpt {
 
@@ -33,7 +33,7 @@ std::string Overlaps::str() const {
 Overlaps gpt_train_overlaps(const std::string& backend) {
   Overlaps o;
   // The trainer starts each gradient bucket's reduction during the last microbatch's backward as soon as
-  // the bucket is complete (parallel.overlap_grad_reduce, parallel/grad_buckets.h). On CUDA it runs on the
+  // the bucket is complete (parallel.overlap_grad_reduce, parallel/data_parallel/grad_buckets.h). On CUDA it runs on the
   // NCCL communicator's own stream beside the backward kernels: that is the set assumed here. On the CPU
   // MPI's non-blocking collectives advance only inside MPI calls (the bucket reducer tests them as later
   // buckets start), so a CPU run is taken to hide nothing.

@@ -11,7 +11,7 @@
 //    default for the interleaved schedule only).
 // Named sets: "none"; "gpt-train", what this codebase does on a backend (cpu: none; cuda: grad-reduce);
 // "megatron-core", all four (Megatron-LM's H100 benchmark runs). The hiding rule itself is in
-// parallel/time_model.cpp: an overlapped transfer costs max(0, transfer - compute it runs under).
+// parallel/plan/time_model.cpp: an overlapped transfer costs max(0, transfer - compute it runs under).
 #pragma once
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // Layout planner: the enumeration and ranking of layouts (see planner.h).
-#include "parallel/planner.h"
+#include "parallel/plan/planner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,11 +1,11 @@
 // The layout planner: enumerates the ways to run a model on N devices (tensor, pipeline, virtual
 // pipeline and data parallel degrees, micro-batch size, activation recomputation, distributed
-// optimizer), predicts each one's memory per device (parallel/memory_model.h) and step time
-// (parallel/time_model.h, on a hardware description from parallel/hardware.h, with the communication
-// overlaps of parallel/overlap.h that apply to the layout), and ranks them.
+// optimizer), predicts each one's memory per device (parallel/plan/memory_model.h) and step time
+// (parallel/plan/time_model.h, on a hardware description from parallel/plan/hardware.h, with the communication
+// overlaps of parallel/plan/overlap.h that apply to the layout), and ranks them.
 // Ranks are placed in Megatron's order (rank = tp + TP * (cp + CP * (dp + DP * pp))), devices_per_node per
 // node; context parallelism (PlanOptions::max_context) divides each rank's activations and attention work by
-// cp and adds the ring's hops (parallel/time_model.h).
+// cp and adds the ring's hops (parallel/plan/time_model.h).
 // TFLOP/s per device counts the FLOPs of Megatron's formula (Narayanan et al. 2021, eq. 3; for every
 // variant app/flops.h's form with query groups and SwiGLU's three matrices) including the recomputed
 // forward passes: 72 (none) or 96 (full) B s l h^2 (1 + s/6h + ...) for the GPT layout.
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/hardware.h"
-#include "parallel/memory_model.h"
-#include "parallel/overlap.h"
-#include "parallel/time_model.h"
+#include "parallel/plan/hardware.h"
+#include "parallel/plan/memory_model.h"
+#include "parallel/plan/overlap.h"
+#include "parallel/plan/time_model.h"
 
 namespace gpt {
 

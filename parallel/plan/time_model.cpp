@@ -1,13 +1,13 @@
 // The planner's time model (see time_model.h): per-GEMM costs by shape, the collectives of each
 // parallelism, the overlap rule, and the per-step breakdown.
-#include "parallel/time_model.h"
+#include "parallel/plan/time_model.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline/pipeline_schedule.h"
 
 namespace gpt {
 

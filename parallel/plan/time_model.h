@@ -1,5 +1,5 @@
 // The planner's time model: the predicted step time of one layout on one hardware description, analytic
-// and per device, with the overlaps of LayoutSpec::overlaps (parallel/overlap.h).
+// and per device, with the overlaps of LayoutSpec::overlaps (parallel/plan/overlap.h).
 //  - compute: every GEMM (forward, input gradient and weight gradient products of qkv, proj, fc1, fc2 and
 //    the LM head, each at its own shape for the model's variant: qkv (H + 2G) D / tp wide for H heads and
 //    G query groups of width D, fc1 2 ffn / tp wide for SwiGLU's gate and up, the untied output layer the
@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/hardware.h"
-#include "parallel/memory_model.h"
+#include "parallel/plan/hardware.h"
+#include "parallel/plan/memory_model.h"
 
 namespace gpt {
 

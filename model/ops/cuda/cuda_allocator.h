@@ -4,7 +4,7 @@
 // shapes is then served from the cache without touching the driver. Reuse is safe without events because
 // every kernel runs on the backend's one compute stream, in order: a block freed on the host while a
 // kernel still reads it can only be handed to work queued after that kernel. (Communication streams join
-// the compute stream before any tensor they touch can be freed; see parallel/nccl_communicator.h.)
+// the compute stream before any tensor they touch can be freed; see parallel/comm/nccl_communicator.h.)
 // Sizes are rounded up to 512 bytes below 1 MiB and to 2 MiB above, and a cached block is reused for a
 // request when it is at most a quarter larger. When cudaMalloc runs out of memory the cache is returned to
 // the driver and the allocation retried once.
