@@ -28,7 +28,7 @@
 #include "parallel/checkpoint/checkpoint_lock.h"
 #include "parallel/comm/host_messages.h"
 #include "parallel/comm/mpi_communicator.h"
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 #include "parallel/grid/context_parallel.h"
 #include "parallel/plan/memory_model.h"
 #include "parallel/pipeline/pipeline_schedule.h"

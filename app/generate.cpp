@@ -30,7 +30,7 @@
 #include "model/ops/backend.h"
 #include "parallel/checkpoint/checkpoint.h"
 #include "parallel/checkpoint/checkpoint_format.h"
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 #include "parallel/grid/process_grid.h"
 
 namespace gpt {

@@ -23,7 +23,7 @@
 #include "data/batch_loader.h"
 #include "llama_variants.h"
 #include "parallel/data_parallel/data_parallel.h"
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 #include "parallel/data_parallel/grad_sync.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/pipeline/pipeline_executor.h"

@@ -14,7 +14,7 @@
 
 #include "llama_variants.h"
 #include "app/trainer.h"
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 #include "parallel/comm/mpi_communicator.h"
 
 using namespace gpt;

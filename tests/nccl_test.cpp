@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "model/ops/backend.h"
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/grid/process_grid.h"
 

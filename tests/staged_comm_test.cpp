@@ -11,7 +11,7 @@
 
 #include "app/trainer.h"
 #include "model/ops/cpu/cpu_tensor_access.h"
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/comm/staged_communicator.h"
 #include "tiny_model_config.h"

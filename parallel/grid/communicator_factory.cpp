@@ -1,7 +1,7 @@
 // Choice of communicators per backend: NCCL (or MPI through host memory) for GPU groups of several ranks, a
 // device-aware identity for GPU groups of one (SelfCommunicator copies with memcpy, which cannot touch GPU
 // memory), MPI otherwise.
-#include "parallel/comm/communicator_factory.h"
+#include "parallel/grid/communicator_factory.h"
 
 #include <spdlog/spdlog.h>
 
