@@ -3,10 +3,10 @@
 # backend and runs, in this order, each step under a timeout and always reaching the final table:
 #   1. the CUDA op tests against the CPU at real shapes (fp32, bf16, fp16; each attention path's error);
 #   2. 10 training steps of the tiny model in fp32 on the GPU against the CPU (losses within 1e-4);
-#   3. the 8-rank layout-equivalence test (tests/layout_test.cpp, fp32 and bf16) with backend cuda, every
+#   3. the 8-rank layout-equivalence test (tests/parallel/pipeline/layout_test.cpp, fp32 and bf16) with backend cuda, every
 #      rank on the one GPU and the groups host-staged over MPI (parallel.communicator mpi), when an
 #      mpirun can start (the machine's, or the carried orterun/orted); then the context-parallel test
-#      (tests/context_parallel_test.cpp: gradients and fp32/bf16 runs at context 2 and 4, ring attention on
+#      (tests/parallel/grid/context_parallel_test.cpp: gradients and fp32/bf16 runs at context 2 and 4, ring attention on
 #      the CUDA block ops) likewise; then the NCCL communicator on one rank;
 #   4. throughput of a GPT-2 124M-like and a GPT-3 1.3B-like model on one GPU in bf16 with synthetic
 #      data: tokens/s, TFLOP/s, MFU, first and last loss and grad norm, NaN or skipped steps, memory;
@@ -260,7 +260,7 @@ gtest_step() {  # NAME BINARY TIMEOUT [gtest args...]
   return "$rc"
 }
 
-# tests/layout_test.cpp on 8 ranks sharing the GPU (GPT_TEST_BACKEND=cuda: parallel.communicator mpi), fp32
+# tests/parallel/pipeline/layout_test.cpp on 8 ranks sharing the GPU (GPT_TEST_BACKEND=cuda: parallel.communicator mpi), fp32
 # and bf16, GPT and Llama shapes; needs an mpirun that can start here.
 one_gpu_layouts() {
   if ! command -v mpirun >/dev/null || [ -z "${LAYOUT_TEST:-}" ] || [ ! -x "$LAYOUT_TEST" ]; then
@@ -277,7 +277,7 @@ one_gpu_layouts() {
   return "$rc"
 }
 
-# tests/context_parallel_test.cpp likewise on 8 ranks sharing the GPU: the ring attention on the CUDA block
+# tests/parallel/grid/context_parallel_test.cpp likewise on 8 ranks sharing the GPU: the ring attention on the CUDA block
 # ops, host-staged context groups; gradients, and the fp32 and bf16 training runs.
 one_gpu_context() {
   if ! command -v mpirun >/dev/null || [ -z "${CONTEXT_TEST:-}" ] || [ ! -x "$CONTEXT_TEST" ]; then

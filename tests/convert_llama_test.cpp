@@ -10,9 +10,9 @@
 #include <functional>
 
 #include "app/convert.h"
-#include "checkpoint_test_util.h"
-#include "error_of.h"
-#include "gpt_train_process.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
+#include "tests/error_of.h"
+#include "tests/gpt_train_process.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;

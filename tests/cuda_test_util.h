@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "llama_variants.h"
+#include "tests/llama_variants.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
 #include "model/ops/half.h"

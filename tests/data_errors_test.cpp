@@ -14,7 +14,7 @@
 #include "data/shard_set.h"
 #include "data/shard_source.h"
 #include "data/token_shard.h"
-#include "data_test_util.h"
+#include "tests/data_test_util.h"
 
 namespace gpt {
 namespace {

@@ -14,7 +14,7 @@
 #include "model/ops/backend.h"
 #include "model/ops/cpu/cpu_matmul.h"
 #include "model/ops/half.h"
-#include "tiny_model_config.h"
+#include "tests/tiny_model_config.h"
 
 namespace gpt {
 namespace {

@@ -10,7 +10,7 @@
 #include <map>
 #include <random>
 
-#include "llama_variants.h"
+#include "tests/llama_variants.h"
 #include "app/sampling.h"
 #include "data/tokenizer.h"
 #include "model/gpt_model.h"

@@ -17,7 +17,7 @@
 #include "app/lr_schedule.h"
 #include "app/trainer.h"
 #include "parallel/data_parallel/data_parallel.h"
-#include "tiny_model_config.h"
+#include "tests/tiny_model_config.h"
 
 using namespace gpt;
 

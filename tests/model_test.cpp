@@ -14,7 +14,7 @@
 #include "app/trainer.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
-#include "tiny_model_config.h"
+#include "tests/tiny_model_config.h"
 
 namespace fs = std::filesystem;
 using namespace gpt;

@@ -9,7 +9,7 @@
 #include "app/trainer.h"
 #include "model/loss_scaler.h"
 #include "parallel/data_parallel/data_parallel.h"
-#include "tiny_model_config.h"
+#include "tests/tiny_model_config.h"
 
 using namespace gpt;
 

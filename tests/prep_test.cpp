@@ -12,7 +12,7 @@
 #include "data/prep_pipeline.h"
 #include "data/shard_set.h"
 #include "data/shard_source.h"
-#include "data_test_util.h"
+#include "tests/data_test_util.h"
 
 namespace gpt {
 namespace {

@@ -14,7 +14,7 @@
 #include "data/json_lines.h"
 #include "data/tokenizer.h"
 #include "data/unicode_class.h"
-#include "data_test_util.h"
+#include "tests/data_test_util.h"
 
 namespace gpt {
 namespace {

@@ -30,7 +30,7 @@
 // next norm has added it) and reruns the block before its backward.
 // The event walk replays, pass by pass, the allocation order of model/transformer_block.cpp, model/norm.cpp,
 // model/mlp_activation.cpp, model/gpt_model.cpp, model/lm_head.cpp and parallel/pipeline/pipeline_executor.cpp; a
-// change there needs the same change here (tests/memory_model_test.cpp compares the two on real runs, GPT
+// change there needs the same change here (tests/parallel/plan/memory_model_test.cpp compares the two on real runs, GPT
 // and Llama-shaped models).
 #pragma once
 #include <cstdint>

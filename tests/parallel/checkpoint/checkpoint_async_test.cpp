@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "app/config_model.h"
-#include "checkpoint_test_util.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
 #include "parallel/checkpoint/checkpoint_save.h"
 #include "parallel/plan/memory_model.h"
 

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "app/convert.h"
-#include "checkpoint_test_util.h"
-#include "gpt_train_process.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
+#include "tests/gpt_train_process.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "checkpoint_test_util.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
 #include "parallel/checkpoint/checkpoint_lock.h"
 
 namespace gpt::ckpt_test {

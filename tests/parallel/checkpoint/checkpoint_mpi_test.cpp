@@ -7,8 +7,8 @@
 // shard blocks, untied output layer) resumes bit for bit and reshards likewise.
 #include <mpi.h>
 
-#include "llama_variants.h"
-#include "checkpoint_test_util.h"
+#include "tests/llama_variants.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
 #include "parallel/comm/mpi_communicator.h"
 
 using namespace gpt;

@@ -2,7 +2,7 @@
 // weights) and fp16 (loss-scaler state); early exits (training.exit_interval, exit_duration_mins) that
 // checkpoint and continue; fine-tuning from another run's weights; weights-only checkpoints
 // (checkpoint.save_optimizer false); keep_last pruning.
-#include "checkpoint_test_util.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;

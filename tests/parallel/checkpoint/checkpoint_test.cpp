@@ -5,7 +5,7 @@
 #include <map>
 #include <random>
 
-#include "checkpoint_test_util.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
 
 using namespace gpt;
 using namespace gpt::ckpt_test;

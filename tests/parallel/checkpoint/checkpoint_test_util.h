@@ -1,4 +1,4 @@
-// Helpers shared by the checkpoint tests (tests/checkpoint_test.cpp, tests/checkpoint_mpi_test.cpp): a
+// Helpers shared by the checkpoint tests (tests/parallel/checkpoint/checkpoint_test.cpp, tests/parallel/checkpoint/checkpoint_mpi_test.cpp): a
 // tiny model config whose layer count allows pipeline 4 x virtual 2, temporary directories, runs that
 // record every step, and small file surgery for the damage tests.
 #pragma once

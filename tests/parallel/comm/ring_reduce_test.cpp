@@ -11,7 +11,7 @@
 
 #include "model/ops/half.h"
 #include "parallel/comm/mpi_communicator.h"
-#include "tests/comm_test_util.h"
+#include "tests/parallel/comm/comm_test_util.h"
 
 namespace gpt {
 namespace {

@@ -14,7 +14,7 @@
 #include "parallel/grid/communicator_factory.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/comm/staged_communicator.h"
-#include "tiny_model_config.h"
+#include "tests/tiny_model_config.h"
 
 using namespace gpt;
 

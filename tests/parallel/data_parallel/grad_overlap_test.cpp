@@ -10,7 +10,7 @@
 // MPI_Ireduce_scatter (a count per rank) where the path after the backward pass makes one reduce-scatter
 // of the whole buffer, and MPI adds the dp gradients in another order: there the runs agree within the
 // layout test's tolerances (fp32 sums reassociated: 1e-5 relative; bf16: 2^-9 for losses, 64 x 2^-9 per
-// tensor for weights, tests/layout_test.cpp argues them), with the qkv bias's key third (zero true
+// tensor for weights, tests/parallel/pipeline/layout_test.cpp argues them), with the qkv bias's key third (zero true
 // gradient, so rounding noise that Adam turns into steps) within lr per step.
 #include <gtest/gtest.h>
 #include <mpi.h>

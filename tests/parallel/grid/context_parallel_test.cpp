@@ -19,9 +19,9 @@
 #include <map>
 
 #include "app/trainer.h"
-#include "checkpoint_test_util.h"
+#include "tests/parallel/checkpoint/checkpoint_test_util.h"
 #include "data/batch_loader.h"
-#include "llama_variants.h"
+#include "tests/llama_variants.h"
 #include "parallel/data_parallel/data_parallel.h"
 #include "parallel/grid/communicator_factory.h"
 #include "parallel/data_parallel/grad_sync.h"

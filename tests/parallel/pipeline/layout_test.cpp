@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "llama_variants.h"
+#include "tests/llama_variants.h"
 #include "app/trainer.h"
 #include "parallel/grid/communicator_factory.h"
 #include "parallel/comm/mpi_communicator.h"

@@ -6,7 +6,7 @@
 //    of the planner's best; and GPT-NeoX-20B's published layout (TP 2, PP 4 on 96 A100 40 GB) in the top 3;
 //  - Megatron-Core's H100 weak-scaling table (Megatron-LM README, images/model_table.png: GPT models of
 //    1.7B to 462B parameters on up to 6144 H100, every overlap on) with --overlap megatron-core, in
-//    tests/plan_h100_test.cpp;
+//    tests/parallel/plan/plan_h100_test.cpp;
 //  - the enumeration obeys its rules (every listed layout is valid, rejections name the rule), the time
 //    model reduces to Megatron's bubble formula for equal stages, and more devices per node, faster links
 //    or more memory never make a prediction worse;
