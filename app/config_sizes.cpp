@@ -1,6 +1,7 @@
 // Overflow-checked arithmetic on the sizes derived from a config (see app/config_sizes.h). Each derived
 // value carries the keys it was computed from, so an overflow is reported with those keys and values.
-// The bounds mirror what the program computes in 64-bit integers: model/param_count.cpp (parameters),
+// The bounds mirror what the program computes in 64-bit integers: model/param_count.h's formula itself,
+// evaluated in long double (parameters),
 // parallel/plan/memory_model.cpp (bytes; its activations are bounded here by every sample of the global
 // batch being in flight at once: no schedule exceeds that, and the planner prices micro_batch_size up to
 // the global batch on one stage), the batch loader and the schedule (`int`).
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "app/config.h"
+#include "app/config_model.h"
+#include "model/param_count.h"
 
 namespace gpt {
 namespace {
@@ -60,6 +63,28 @@ class SizeChecker {
     return r;
   }
 
+  // The parameter count of model/param_count.h's formula (the one the model allocates by), evaluated in
+  // long double, each part and the whole (and its bytes: 20 per parameter, weights, gradients, fp32 master
+  // weights and Adam moments) within a 64-bit integer, or an error naming the keys it was made of.
+  void parameters(const Config& c, const Size& padded, const Size& h, const Size& ffn, const Size& seq,
+                  const Size& layers) const {
+    ModelDescription d = model_description_from_config(c);
+    d.ffn = ffn.value;
+    const ParamCounts<long double> n = count_parameters_in<long double>(d, static_cast<long double>(padded.value));
+    Size layer = merged({h, ffn, key("model.num_heads", c.model.num_heads)});
+    if (c.model.num_query_groups) merge(layer, key("model.num_query_groups", c.model.num_query_groups));
+    const Size all = merged({padded, layer, seq, layers});
+    bound("the word embedding (padded vocabulary x model.hidden_size)", n.word_embedding, merged({padded, h}));
+    bound("the position embedding (model.seq_length x model.hidden_size)", n.position_embedding, merged({seq, h}));
+    bound("the parameter count of one layer (model/param_count.h: q|k|v, projection, MLP, norms, biases)",
+          n.per_layer, layer);
+    bound("the parameter count (word and position embeddings, num_layers x one layer, final norm, output layer)",
+          n.total(), all);
+    bound("the byte size of the parameters (20 per parameter: weights, gradients, fp32 master weights and Adam "
+          "moments)",
+          20 * n.total(), all);
+  }
+
   // Counts the program holds in an int.
   void key_fits_int(const char* path, int64_t value) const {
     if (value > INT_MAX)
@@ -75,6 +100,14 @@ class SizeChecker {
   static void merge(Size& into, const Size& from) {
     for (const std::string& k : from.keys)
       if (std::find(into.keys.begin(), into.keys.end(), k) == into.keys.end()) into.keys.push_back(k);
+  }
+  static Size merged(std::initializer_list<Size> parts) {
+    Size r = constant(0);
+    for (const Size& p : parts) merge(r, p);
+    return r;
+  }
+  void bound(const char* what, long double value, const Size& made_of) const {
+    if (value > static_cast<long double>(INT64_MAX)) overflow(what, made_of, {});
   }
   [[noreturn]] void overflow(const char* what, Size r, std::initializer_list<Size> terms) const {
     for (const Size& t : terms) merge(r, t);
@@ -132,19 +165,7 @@ void check_derived_sizes(const Config& c) {
                        : s.product("model.ffn_hidden_size's default (4 x model.hidden_size)", {K::constant(4), h});
   const Size seq = K::key("model.seq_length", m.seq_length);
   const Size layers = K::key("model.num_layers", m.num_layers);
-  const char* layer = "the parameter count of one layer (4 hidden^2 + 2 hidden x ffn + 9 hidden + ffn)";
-  const Size per_layer = s.sum(layer, {s.product(layer, {K::constant(4), h, h}),
-                                       s.product(layer, {K::constant(2), h, ffn}),
-                                       s.product(layer, {K::constant(9), h}), ffn});
-  const char* count = "the parameter count (padded vocabulary x hidden + seq_length x hidden + "
-                      "num_layers x the parameters of one layer)";
-  const Size params =
-      s.sum(count, {s.product("the word embedding (padded vocabulary x model.hidden_size)", {padded, h}),
-                    s.product("the position embedding (model.seq_length x model.hidden_size)", {seq, h}),
-                    s.product(count, {layers, per_layer}), s.product(count, {K::constant(2), h})});
-  s.product("the byte size of the parameters (20 per parameter: weights, gradients, fp32 master weights and "
-            "Adam moments)",
-            {params, K::constant(20)});
+  s.parameters(c, padded, h, ffn, seq, layers);
 
   // Activations: per sample and layer, the [T, 16 h + 4 ffn] tensors a block keeps or makes and its
   // attention statistics [heads, T]; the LM head's [T, padded vocab] logits; 4 bytes each.
