@@ -260,38 +260,35 @@ gtest_step() {  # NAME BINARY TIMEOUT [gtest args...]
   return "$rc"
 }
 
-# tests/parallel/pipeline/layout_test.cpp on 8 ranks sharing the GPU (GPT_TEST_BACKEND=cuda: parallel.communicator mpi), fp32
-# and bf16, GPT and Llama shapes; needs an mpirun that can start here.
-one_gpu_layouts() {
-  if ! command -v mpirun >/dev/null || [ -z "${LAYOUT_TEST:-}" ] || [ ! -x "$LAYOUT_TEST" ]; then
-    say "3a. not run: no mpirun on this machine (or no layout_test binary)"
+# An MPI test binary on 8 ranks sharing the GPU (GPT_TEST_BACKEND=cuda: parallel.communicator mpi, the groups
+# host-staged); needs an mpirun that can start here.
+#   one_gpu_mpi_test STEP NAME BINARY TIMEOUT FILTER [EXTRA_LINES_REGEX]
+one_gpu_mpi_test() {
+  local step=$1 name=$2 bin=$3 limit=$4 filter=$5 extra=${6:-}
+  if ! command -v mpirun >/dev/null || [ -z "$bin" ] || [ ! -x "$bin" ]; then
+    say "$step. not run: no mpirun on this machine (or no $name binary)"
     return 2
   fi
   ( unset OMPI_MCA_ess_singleton_isolated
-    GPT_TEST_BACKEND=cuda OMP_NUM_THREADS=1 timeout 150 mpirun --oversubscribe -np 8 -x GPT_TEST_BACKEND -x LD_LIBRARY_PATH \
-      -x OMPI_MCA_mca_base_component_path -x OMP_NUM_THREADS "$LAYOUT_TEST" \
-      --gtest_filter='*Layouts.*/fp32:*Layouts.*/bf16' ) >"$LOG/layout_test.log" 2>&1
+    GPT_TEST_BACKEND=cuda OMP_NUM_THREADS=1 timeout "$limit" mpirun --oversubscribe -np 8 -x GPT_TEST_BACKEND -x LD_LIBRARY_PATH \
+      -x OMPI_MCA_mca_base_component_path -x OMP_NUM_THREADS "$bin" --gtest_filter="$filter" ) >"$LOG/$name.log" 2>&1
   local rc=$?
-  sed 's/\x1b\[[0-9;]*m//g' "$LOG/layout_test.log" | grep -E "^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED) +\]" | sort | uniq -c | head -40
-  [ "$rc" -ne 0 ] && tail -5 "$LOG/layout_test.log"
+  sed 's/\x1b\[[0-9;]*m//g' "$LOG/$name.log" | grep -E "^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED) +\]${extra:+|$extra}" |
+    sort | uniq -c | head -40
+  [ "$rc" -ne 0 ] && tail -5 "$LOG/$name.log"
   return "$rc"
 }
 
-# tests/parallel/grid/context_parallel_test.cpp likewise on 8 ranks sharing the GPU: the ring attention on the CUDA block
-# ops, host-staged context groups; gradients, and the fp32 and bf16 training runs.
+# tests/parallel/pipeline/layout_test.cpp: fp32 and bf16, GPT and Llama shapes.
+one_gpu_layouts() {
+  one_gpu_mpi_test 3a layout_test "${LAYOUT_TEST:-}" 150 '*Layouts.*/fp32:*Layouts.*/bf16'
+}
+
+# tests/parallel/grid/context_parallel_test.cpp: the ring attention on the CUDA block ops over host-staged context
+# groups; gradients, and the fp32 and bf16 training runs.
 one_gpu_context() {
-  if ! command -v mpirun >/dev/null || [ -z "${CONTEXT_TEST:-}" ] || [ ! -x "$CONTEXT_TEST" ]; then
-    say "3b. not run: no mpirun on this machine (or no context_parallel_test binary)"
-    return 2
-  fi
-  ( unset OMPI_MCA_ess_singleton_isolated
-    GPT_TEST_BACKEND=cuda OMP_NUM_THREADS=1 timeout 120 mpirun --oversubscribe -np 8 -x GPT_TEST_BACKEND -x LD_LIBRARY_PATH \
-      -x OMPI_MCA_mca_base_component_path -x OMP_NUM_THREADS "$CONTEXT_TEST" \
-      --gtest_filter='*Gradients*:*Training*fp32:*Training*bf16' ) >"$LOG/context_parallel_test.log" 2>&1
-  local rc=$?
-  sed 's/\x1b\[[0-9;]*m//g' "$LOG/context_parallel_test.log" | grep -E "^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED) +\]|worst gradient" | head -40
-  [ "$rc" -ne 0 ] && tail -5 "$LOG/context_parallel_test.log"
-  return "$rc"
+  one_gpu_mpi_test 3b context_parallel_test "${CONTEXT_TEST:-}" 120 '*Gradients*:*Training*fp32:*Training*bf16' \
+    "worst gradient"
 }
 
 # 10 training steps of the tiny model in fp32 on the CPU and on the GPU: the losses must agree.
