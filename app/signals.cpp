@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string>
 
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 namespace gpt {
 

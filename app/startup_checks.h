@@ -8,7 +8,7 @@
 #include <string>
 
 #include "app/config.h"
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 namespace gpt {
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 #include <fmt/format.h>
 

@@ -4,7 +4,7 @@
 #include <array>
 #include <stdexcept>
 
-#include "parallel/grid/context_parallel.h"
+#include "model/context_chunks.h"
 
 namespace gpt {
 

@@ -3,7 +3,7 @@
 // microbatch g = j * dp + dp_rank is the j-th microbatch of data-parallel rank dp_rank. Every layout thus
 // sees the same samples in each step, and a rank only reads its own. Under context parallelism (a group of
 // cp_size ranks sharing those samples) a rank takes its two chunks of every sequence, tokens and targets
-// alike, chunk-major (parallel/grid/context_parallel.h): seq_length() is then seq_length / cp_size.
+// alike, chunk-major (model/context_chunks.h): seq_length() is then seq_length / cp_size.
 #pragma once
 #include <vector>
 

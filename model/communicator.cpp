@@ -1,7 +1,7 @@
 // SelfCommunicator: the single-rank group used when a parallel dimension has degree 1; the default
 // asynchronous send and reductions (the blocking ones, run at once); the marker that tells the watchdog
 // this process is waiting in communication.
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 #include <cstring>
 #include <mutex>

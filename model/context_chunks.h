@@ -4,7 +4,8 @@
 // r and 2*CP-1-r (Megatron-Core's load balancing for causal masks: every rank gets one early and one late
 // chunk, so all do the same attention work), stored chunk-major: the B sequences' rows of its first chunk,
 // then those of its second. At ring step i a rank holds the keys and values of rank (r - i) mod CP's two
-// chunks; chunk pairs whose keys all lie after the queries are fully masked and skipped.
+// chunks; chunk pairs whose keys all lie after the queries are fully masked and skipped. The ring
+// attention (model/ring_attention.cpp) and the batch loader use it; parallel/grid/context_parallel.h prints it.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -35,14 +36,5 @@ struct RingBlock {
 // chunks against its early chunk; a later rank's: the late local chunk against both of its chunks. Each
 // step is two full blocks' work.
 std::vector<RingBlock> ring_blocks(int size, int rank, int step);
-
-// A picture of the chunk assignment for the grid printout, `schedule` and the docs, e.g. for CP = 2:
-//   sequence of 4 chunks: | c0 r0 | c1 r1 | c2 r1 | c3 r0 |
-std::string context_chunk_picture(int size);
-
-// The picture and every rank's ring steps as a table (`gpt-train schedule --cp N`): at each step the rank
-// it holds keys and values from and the blocks it runs, e.g. "q3.k0 full" (query chunk 3 against key chunk
-// 0) or "q0.k0 causal".
-std::string format_ring_schedule(int size);
 
 }  // namespace gpt

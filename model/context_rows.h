@@ -1,4 +1,4 @@
-// The local rows of a sequence split by context parallelism (parallel/grid/context_parallel.h): a rank's B*T
+// The local rows of a sequence split by context parallelism (model/context_chunks.h): a rank's B*T
 // rows are its two chunks of T/2 positions per sequence, chunk-major (the B sequences' rows of its first
 // chunk, then of its second). for_each_context_chunk hands each chunk's rows to `f` with the chunk's length
 // and the global position of its first token, for the ops that need positions (learned positions, rope).
@@ -6,8 +6,8 @@
 #include <array>
 #include <cstdint>
 
+#include "model/context_chunks.h"
 #include "model/tp_mappings.h"
-#include "parallel/grid/context_parallel.h"
 
 namespace gpt {
 

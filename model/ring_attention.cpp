@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "parallel/grid/context_parallel.h"
+#include "model/context_chunks.h"
 
 namespace gpt {
 

@@ -1,5 +1,5 @@
 // Ring attention: causal self-attention over a sequence split across a context-parallel group
-// (parallel/grid/context_parallel.h). Each rank holds its two chunks' packed qkv rows, chunk-major; the keys and
+// (model/context_chunks.h). Each rank holds its two chunks' packed qkv rows, chunk-major; the keys and
 // values go round the ring (rank r sends to r + 1 and receives from r - 1) with the next step's exchange in
 // flight while the current block's attention runs. Each query chunk keeps an fp32 running output and
 // log-sum-exp, merged block by block (Backend::attention_merge), rounded once into `att` at the end.
@@ -10,8 +10,8 @@
 #pragma once
 #include <cstdint>
 
+#include "model/communicator.h"
 #include "model/ops/backend.h"
-#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

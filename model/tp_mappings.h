@@ -8,8 +8,8 @@
 //    all-reduce of the partial sums (reduce-scatter under SP). Backward: identity (all-gather under SP).
 // With a tensor-parallel group of one every op is the identity.
 #pragma once
+#include "model/communicator.h"
 #include "model/ops/backend.h"
-#include "parallel/comm/communicator.h"
 
 namespace gpt {
 
@@ -17,7 +17,7 @@ struct LayerContext {
   Backend& backend;
   Communicator& tp;
   bool sequence_parallel = false;
-  // The context-parallel group (parallel/grid/context_parallel.h); null or a group of one: each rank holds
+  // The context-parallel group (model/context_chunks.h); null or a group of one: each rank holds
   // whole sequences. Otherwise the rows are this rank's two chunks of every sequence, chunk-major.
   Communicator* cp = nullptr;
   bool context_parallel() const { return cp && cp->size() > 1; }

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "tests/llama_variants.h"
+#include "model/communicator.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
 #include "model/ops/half.h"
-#include "parallel/comm/communicator.h"
+#include "tests/llama_variants.h"
 
 #ifdef GPT_HAVE_CUDA
 #include "model/ops/cuda/cuda_backend.h"

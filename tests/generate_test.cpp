@@ -10,12 +10,12 @@
 #include <map>
 #include <random>
 
-#include "tests/llama_variants.h"
 #include "app/sampling.h"
 #include "data/tokenizer.h"
+#include "model/communicator.h"
 #include "model/gpt_model.h"
 #include "model/ops/backend.h"
-#include "parallel/comm/communicator.h"
+#include "tests/llama_variants.h"
 
 using namespace gpt;
 

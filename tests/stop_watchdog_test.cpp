@@ -19,7 +19,7 @@
 
 #include "app/signals.h"
 #include "app/watchdog.h"
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 namespace gpt {
 namespace {

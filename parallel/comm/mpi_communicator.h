@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 namespace gpt {
 

@@ -39,8 +39,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/communicator.h"
 #include "model/ops/backend.h"
-#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "model/communicator.h"
 #include "model/ops/backend.h"
-#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

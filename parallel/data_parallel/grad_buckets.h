@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
+#include "model/communicator.h"
 #include "model/gpt_model.h"
-#include "parallel/comm/communicator.h"
 
 namespace gpt {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm/communicator.h"
+#include "model/communicator.h"
 
 namespace gpt {
 

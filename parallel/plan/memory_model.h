@@ -41,8 +41,8 @@
 #include "model/model_description.h"
 #include "model/tensor.h"
 #include "model/transformer_block.h"
-#include "parallel/plan/overlap.h"
 #include "parallel/pipeline/pipeline_schedule.h"
+#include "parallel/plan/overlap.h"
 
 namespace gpt {
 
@@ -52,7 +52,7 @@ class GridLayout;
 
 // One way to run the model: the degrees of parallelism and the per-step settings that change memory or
 // time. The number of microbatches per step is global_batch / (micro_batch * dp). cp: context
-// parallelism (parallel/grid/context_parallel.h), each rank holding seq_length / cp positions of every sequence;
+// parallelism (model/context_chunks.h), each rank holding seq_length / cp positions of every sequence;
 // the gradients reduce, and the distributed optimizer shards, over dp * cp ranks.
 struct LayoutSpec {
   int tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1;

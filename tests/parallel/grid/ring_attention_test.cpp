@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "model/context_chunks.h"
 #include "model/ring_attention.h"
-#include "parallel/grid/context_parallel.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/grid/process_grid.h"
 
