@@ -1,10 +1,10 @@
 # The optional CUDA backend (model/ops/cuda) and NCCL communicator (parallel/comm/nccl_communicator.*).
 # GPT_CUDA=AUTO builds them whenever nvcc is found (on PATH or under /usr/local/cuda/bin), ON insists on
-# it, OFF leaves them out. The kernels go into a static library gptcuda that gptcore links, and gptcore
+# it, OFF leaves them out. The kernels go into a static library gptcuda that gpt_model links, and gpt_model
 # gets GPT_HAVE_CUDA (make_backend("cuda") then creates a CudaBackend) and, when nccl.h and libnccl are
-# found next to the toolkit, GPT_HAVE_NCCL (the NCCL communicator is compiled in). The binary stays usable
+# found next to the toolkit, gpt_comm gets GPT_HAVE_NCCL (the NCCL communicator is compiled in). The binary stays usable
 # without a GPU: the CPU backend is untouched and `backend: cuda` fails with a clear message at start-up.
-# Included from the top-level CMakeLists.txt after gptcore is defined.
+# Included from the top-level CMakeLists.txt after the folders' libraries are defined.
 
 set(GPT_HAVE_CUDA OFF)
 set(GPT_HAVE_NCCL OFF)
@@ -68,20 +68,20 @@ if(GPT_HAVE_CUDA)
   else()
     message(STATUS "gpt-train: cuDNN not found: CUDA attention runs unfused")
   endif()
-  # gptcuda uses Tensor and Backend from gptcore and gptcore's factory uses gptcuda: a cycle of static
-  # libraries, which CMake resolves by repeating them on the link line. LINK_ONLY keeps gptcore's compile
-  # flags (OpenMP, MPI) away from nvcc.
-  target_link_libraries(gptcuda PRIVATE $<LINK_ONLY:gptcore>)
-  target_link_libraries(gptcore PUBLIC gptcuda)
-  target_compile_definitions(gptcore PUBLIC GPT_HAVE_CUDA)
+  # gptcuda uses Tensor and Backend from gpt_model and gpt_model's factory uses gptcuda: a cycle of static
+  # libraries, which CMake resolves by repeating them on the link line. LINK_ONLY keeps gpt_model's compile
+  # flags (OpenMP) away from nvcc.
+  target_link_libraries(gptcuda PRIVATE $<LINK_ONLY:gpt_model>)
+  target_link_libraries(gpt_model PUBLIC gptcuda)
+  target_compile_definitions(gpt_model PUBLIC GPT_HAVE_CUDA)
 
   find_path(GPT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME PATH_SUFFIXES include)
   find_library(GPT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ENV NCCL_HOME PATH_SUFFIXES lib lib64)
   if(GPT_NCCL_INCLUDE_DIR AND GPT_NCCL_LIBRARY)
     set(GPT_HAVE_NCCL ON)
-    target_include_directories(gptcore PUBLIC ${GPT_NCCL_INCLUDE_DIR})
-    target_link_libraries(gptcore PUBLIC ${GPT_NCCL_LIBRARY})
-    target_compile_definitions(gptcore PUBLIC GPT_HAVE_NCCL)
+    target_include_directories(gpt_comm PUBLIC ${GPT_NCCL_INCLUDE_DIR})
+    target_link_libraries(gpt_comm PUBLIC ${GPT_NCCL_LIBRARY})
+    target_compile_definitions(gpt_comm PUBLIC GPT_HAVE_NCCL)
     message(STATUS "gpt-train: CUDA backend for ${CMAKE_CUDA_ARCHITECTURES} with NCCL (${GPT_NCCL_LIBRARY})")
   else()
     message(STATUS "gpt-train: CUDA backend for ${CMAKE_CUDA_ARCHITECTURES}, NCCL not found (multi-GPU off)")
