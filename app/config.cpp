@@ -290,6 +290,11 @@ void validate_config(const Config& c) {
   at_least("parallel.context", p.context, 1);
   at_least("parallel.bucket_size_mb", p.bucket_size_mb, 1);
 
+  at_least("precision.fp8_amax_history_len", c.precision.fp8_amax_history_len, 1);
+  at_least("precision.fp8_margin", c.precision.fp8_margin, 0);
+  require(c.precision.fp8_margin <= 30,
+          fmt::format("precision.fp8_margin must be <= 30, got {}", c.precision.fp8_margin));
+
   const TrainingConfig& t = c.training;
   at_least("training.micro_batch_size", t.micro_batch_size, 1);
   at_least("training.global_batch_size", t.global_batch_size, 1);

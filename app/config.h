@@ -77,6 +77,11 @@ struct OptimizerConfig {
 
 struct PrecisionConfig {
   std::string dtype = "fp32";  // fp32 | bf16 | fp16
+  // FP8 linear layers (Transformer Engine's delayed scaling, model/fp8_scaling.h): off | e4m3 | hybrid.
+  std::string fp8 = "off";
+  int64_t fp8_amax_history_len = 1024;
+  std::string fp8_amax_compute_algo = "max";  // max | most_recent
+  int64_t fp8_margin = 0;
 };
 
 struct DataConfig {

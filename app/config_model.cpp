@@ -43,6 +43,12 @@ ModelSpec model_spec_from_config(const Config& cfg, int tp_size, int tp_rank) {
   s.padded_vocab_rows = s.padded_vocab(tp_size);
   s.dtype = dtype_from_name(cfg.precision.dtype);
   s.recompute = parse_recompute(cfg.training.recompute);
+  try {
+    s.fp8 = parse_fp8_recipe(cfg.precision.fp8, cfg.precision.fp8_amax_compute_algo,
+                             cfg.precision.fp8_amax_history_len, cfg.precision.fp8_margin);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
+  }
   return s;
 }
 

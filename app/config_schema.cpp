@@ -107,6 +107,14 @@ const std::vector<ConfigKey>& config_keys() {
       GPT_KEY(optimizer, clip_grad, "global gradient-norm clip; 0 disables clipping"),
 
       GPT_KEY(precision, dtype, "compute dtype (master weights stay fp32)", "fp32", "bf16", "fp16"),
+      GPT_KEY(precision, fp8,
+              "the transformer blocks' linear GEMMs in FP8 with delayed per-tensor scaling: E4M3 everywhere "
+              "(e4m3) or E5M2 gradients (hybrid); attention, norms and the LM head stay in precision.dtype",
+              "off", "e4m3", "hybrid"),
+      GPT_KEY(precision, fp8_amax_history_len, "FP8: iterations of amax history the scales are computed from"),
+      GPT_KEY(precision, fp8_amax_compute_algo, "FP8: the history's largest amax (max) or the newest (most_recent)",
+              "max", "most_recent"),
+      GPT_KEY(precision, fp8_margin, "FP8: scale = (fp8_max / amax) / 2^margin"),
 
       GPT_PATH_KEY(data, train, "training token shards (paths, prefixes or weight/path pairs); empty = synthetic data"),
       GPT_PATH_KEY(data, valid, "validation token shards; empty = split off the training data"),

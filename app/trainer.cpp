@@ -19,6 +19,7 @@
 #include "data/shard_source.h"
 #include "parallel/checkpoint/checkpoint_save.h"
 #include "parallel/data_parallel/data_parallel.h"
+#include "parallel/data_parallel/fp8_amax_sync.h"
 #include "parallel/data_parallel/grad_sync.h"
 #include "parallel/pipeline/pipeline_executor.h"
 #include "parallel/pipeline/pipeline_schedule.h"
@@ -118,6 +119,7 @@ StepStats Trainer::step() {
     optimizer_->grads_done(chunk, params);
   };
   run_pipeline_step(ps_, ctx, chunk_list, loader, consumed_, grad_scale, loss_sum, overlap ? &grads_done : nullptr);
+  sync_fp8_amaxes_and_update_scales(ps_, chunk_list);  // the next iteration's FP8 scales (none without FP8)
 
   reduce_tied_embedding(ps_, backend_, chunk_list);
   if (sequence_parallel && !overlap) reduce_sequence_parallel_grads(ps_, chunk_list);

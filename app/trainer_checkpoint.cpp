@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "app/watchdog.h"
 #include "parallel/checkpoint/checkpoint.h"
+#include "parallel/checkpoint/checkpoint_fp8.h"
 #include "parallel/checkpoint/checkpoint_save.h"
 #include "parallel/data_parallel/data_parallel.h"
 
@@ -43,6 +44,15 @@ CheckpointModel checkpoint_model(Trainer& t) {
   ModelChunk whole(full, 0, full.num_layers, true, true);
   for (auto& p : whole.params().params())
     if (!p->tied_copy) m.global_shapes[p->name] = p->global_shape;
+  const int64_t history = full.fp8.history_len;
+  for (Fp8TensorScale* s : whole.fp8_scales().all()) m.fp8_shapes[s->name] = {2 + history};
+  for (ModelChunk* c : m.chunks)
+    for (Fp8TensorScale* s : c->fp8_scales().all()) {
+      const std::vector<float> packed = pack_fp8_scale(*s, history);
+      Tensor state = t.backend().empty({2 + history});
+      t.backend().upload(packed.data(), state);
+      m.fp8_state.emplace_back(s->name, state);
+    }
   return m;
 }
 

@@ -10,6 +10,13 @@ Predicted MFU uses the model-FLOPs formula of scripts/gpu-check.sh: (6 N + 12 L 
 
   /usr/bin/python3 bench/gpu_roofline.py                       # GPT-3 1.3B shape on an H200, bf16
   /usr/bin/python3 bench/gpu_roofline.py --gemm-eff 0.6 --attn-eff 0.35   # pessimistic
+  /usr/bin/python3 bench/gpu_roofline.py --fp8            # the blocks' linears in FP8 (precision.fp8)
+
+With --fp8 the blocks' linear GEMMs (qkv, proj, fc1, fc2: forward, dX and dW) run at the dense FP8 peak
+on 1-byte operands, and the casts that feed them are added as memory-bound kernels (read bf16, write FP8,
+for the input, the weight and the output gradient of each linear, with the amax taken in the same pass);
+attention, the norms and the LM head stay in bf16, as in Transformer Engine's recipe. MFU stays quoted
+against the bf16 peak, so bf16 and FP8 rows compare as throughput.
 """
 import argparse
 
@@ -28,6 +35,8 @@ def main():
     ap.add_argument("--gemm-eff", type=float, default=0.70, help="achieved/peak for the large GEMMs")
     ap.add_argument("--attn-eff", type=float, default=0.45, help="achieved/peak for fused causal attention")
     ap.add_argument("--mem-eff", type=float, default=0.80, help="achieved/peak bandwidth of streaming kernels")
+    ap.add_argument("--fp8", action="store_true", help="the blocks' linear GEMMs in FP8")
+    ap.add_argument("--fp8-peak-tflops", type=float, default=1979, help="dense FP8 (H100/H200 SXM)")
     a = ap.parse_args()
 
     L, h, H, s, B = a.layers, a.hidden, a.heads, a.seq, a.micro
@@ -39,14 +48,20 @@ def main():
 
     ops = []  # (name, flops, bytes, efficiency of compute), per microbatch for the whole model
 
-    def gemm(name, m, n, k, count):
+    def gemm(name, m, n, k, count, fp8=False):
         flops = 2 * m * n * k * count
-        byts = 2 * (m * k + k * n + m * n) * count
-        ops.append((name, flops, byts, a.gemm_eff))
+        # FP8: 1-byte operands, bf16 output; counted at the FP8 peak by scaling the efficiency.
+        byts = ((m * k + k * n) * (1 if fp8 else 2) + 2 * m * n) * count
+        ops.append((name, flops, byts, a.gemm_eff * (a.fp8_peak_tflops / a.peak_tflops if fp8 else 1)))
 
     # Per layer, forward and the two backward GEMMs (dX and dW) of each linear.
     for name, n_out, k_in in (("qkv", 3 * h, h), ("attention proj", h, h), ("mlp fc1", f, h), ("mlp fc2", h, f)):
-        gemm(f"GEMM {name} (fwd + dX + dW)", N, n_out, k_in, 3 * L)
+        gemm(f"GEMM {name} (fwd + dX + dW){' FP8' if a.fp8 else ''}", N, n_out, k_in, 3 * L, a.fp8)
+        if a.fp8:
+            # Casts with amax: input [N, k_in] and weight [n_out, k_in] forward, output gradient [N, n_out]
+            # backward; each reads bf16 and writes FP8 (3 bytes per element).
+            cast = 3 * (N * k_in + n_out * k_in + N * n_out) * L
+            ops.append((f"FP8 casts + amax of {name} (x, w, dy)", 0, cast, 1))
     gemm("GEMM LM head (fwd + dX + dW)", N, Vp, h, 3)
     # Fused causal attention: the unmasked half of QK^T and PV forward, recomputed S and 4 products back.
     causal = 2 * B * H * s * s * (h // H) / 2
@@ -79,8 +94,12 @@ def main():
     for name, tf, gb, ms, bound in sorted(rows, key=lambda r: -r[3]):
         print(f"{name:58} {tf:7.2f} {gb:7.2f} {ms:7.2f} {100 * ms / (total * 1e3):5.1f}%  {bound}")
     print(f"{'total per microbatch':58} {'':7} {'':7} {total * 1e3:7.2f}")
+    if a.fp8:
+        print(f"FP8: the blocks' linear GEMMs at {a.fp8_peak_tflops:.0f} TFLOP/s dense FP8 peak x {a.gemm_eff}; the percentage "
+              f"below is model FLOP/s against the bf16 peak")
     print(f"model FLOPs per microbatch (6 N + 12 L h s) x tokens = {model_flops / 1e12:.1f} TFLOP -> "
-          f"{model_flops / total / 1e12:.0f} TFLOP/s, predicted MFU {100 * model_flops / total / peak:.1f}%")
+          f"{model_flops / total / 1e12:.0f} TFLOP/s, predicted "
+          f"{'model FLOP/s against the bf16 peak' if a.fp8 else 'MFU'} {100 * model_flops / total / peak:.1f}%")
 
 
 if __name__ == "__main__":

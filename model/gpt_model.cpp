@@ -27,7 +27,7 @@ int64_t num_global_params(const ModelDescription& m) {
 }
 
 ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_end, bool first, bool last)
-    : spec_(s), layer_begin_(layer_begin) {
+    : spec_(s), layer_begin_(layer_begin), fp8_(s.fp8) {
   auto assign_ids = [&](size_t from, int64_t first_id) {
     auto& ps = params_.params();
     for (size_t i = from; i < ps.size(); ++i) ps[i]->global_id = first_id + int64_t(i - from);
@@ -45,7 +45,7 @@ ModelChunk::ModelChunk(const ModelSpec& s, int64_t layer_begin, int64_t layer_en
     embedding_->word()->tied = !s.untie_embeddings;
     embedding_params_ = registered_since(0);
   }
-  const BlockSpec bs{s, s.tp_size, s.tp_rank};
+  const BlockSpec bs{s, s.tp_size, s.tp_rank, &fp8_};
   for (int64_t l = layer_begin; l < layer_end; ++l) {
     size_t before = params_.params().size();
     blocks_.push_back(std::make_unique<TransformerBlock>(params_, "layers." + std::to_string(l), bs));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/embedding.h"
+#include "model/fp8_scaling.h"
 #include "model/norm.h"
 #include "model/lm_head.h"
 #include "model/model_description.h"
@@ -23,6 +24,7 @@ struct ModelSpec : ModelDescription {
   int tp_size = 1, tp_rank = 0;
   DType dtype = DType::F32;
   Recompute recompute = Recompute::None;
+  Fp8Recipe fp8;  // precision.fp8: the blocks' linear layers in FP8 (model/fp8_linear.h)
   // The run's padded vocabulary, a multiple of vocab_divisible_by * the run's tensor-parallel size; kept
   // when a copy describes the whole model on one rank (checkpoint shapes). 0: derive it from tp_size.
   int64_t padded_vocab_rows = 0;
@@ -89,6 +91,10 @@ class ModelChunk {
   int64_t hidden() const { return spec_.hidden; }
   DType activation_dtype() const { return spec_.dtype; }
   int64_t in_flight() const { return static_cast<int64_t>(caches_.size()); }
+  // The FP8 scaling state of this chunk's linear layers (empty without precision.fp8). At the end of
+  // each training iteration the caller max-reduces fp8_scales().pending() over the ranks that share the
+  // layers (tensor, context and data parallel) and hands the result to fp8_scales().update().
+  Fp8ScaleSet& fp8_scales() { return fp8_; }
 
  private:
   struct Cache {
@@ -103,6 +109,7 @@ class ModelChunk {
   ModelSpec spec_;
   int64_t layer_begin_;
   ParameterSet params_;
+  Fp8ScaleSet fp8_;  // before the blocks, which register their scales in it
   std::optional<GPTEmbedding> embedding_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   std::optional<Norm> final_ln_;

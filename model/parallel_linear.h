@@ -5,11 +5,13 @@
 // the input into a partial output that exit_tp_region sums; the bias is added once, on tp rank 0, before
 // the sum. `blocks` > 1 splits a fused weight (q|k|v, or SwiGLU's gate|up) so that each rank gets its piece
 // of every block; `block_weights` sizes unequal blocks (grouped-query attention's q|k|v). Without `bias`
-// (Megatron's --disable-bias-linear) the layer has no bias parameter.
+// (Megatron's --disable-bias-linear) the layer has no bias parameter. With `fp8` (a set whose recipe is
+// on) the layer's GEMMs run in FP8 (model/fp8_linear.h), its three scales registered in that set.
 #pragma once
 #include <string>
 #include <vector>
 
+#include "model/fp8_linear.h"
 #include "model/parameter.h"
 #include "model/tp_mappings.h"
 
@@ -22,6 +24,7 @@ struct LinearSpec {
   bool bias = true;
   float init_std = 0.02f;
   int tp_size = 1, tp_rank = 0;
+  Fp8ScaleSet* fp8 = nullptr;  // null or a recipe that is off: the compute dtype's GEMMs
 };
 
 class ColumnParallelLinear {
@@ -39,6 +42,7 @@ class ColumnParallelLinear {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   int64_t out_local_;
+  Fp8LinearScales fp8_;  // recipe null: no FP8
 };
 
 class RowParallelLinear {
@@ -57,6 +61,7 @@ class RowParallelLinear {
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   bool adds_bias_;
+  Fp8LinearScales fp8_;
 };
 
 }  // namespace gpt

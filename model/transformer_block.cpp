@@ -18,6 +18,7 @@ LinearSpec linear(int64_t in, int64_t out, float std, const BlockSpec& s, int bl
   l.in = in, l.out = out, l.blocks = blocks, l.block_weights = std::move(block_weights);
   l.bias = s.model.add_bias_linear;
   l.init_std = std, l.tp_size = s.tp_size, l.tp_rank = s.tp_rank;
+  l.fp8 = s.fp8;
   return l;
 }
 // Megatron's scaled init of the layers that write into the residual stream (proj and fc2).

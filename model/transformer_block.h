@@ -25,6 +25,7 @@ namespace gpt {
 struct BlockSpec {
   ModelDescription model;
   int tp_size = 1, tp_rank = 0;
+  Fp8ScaleSet* fp8 = nullptr;  // the chunk's FP8 scales (the linears' GEMMs in FP8 when its recipe is on)
 };
 
 // Tensors marked "full" span all B*T rows; the others hold this rank's rows outside the tp region

@@ -6,9 +6,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model/ops/cpu/cpu_backend.h"
 #ifdef GPT_HAVE_CUDA
@@ -75,6 +77,26 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
 #endif
   }
   throw std::runtime_error("unknown backend '" + name + "': valid values are 'cpu' and 'cuda'");
+}
+
+float Backend::fp8_quantize_dequantize(const Tensor& x, float scale, Fp8Format format, Tensor& out) {
+  if (out.numel() != x.numel() || out.dtype() != DType::F32)
+    throw std::invalid_argument("fp8_quantize_dequantize: out must be F32 with x's " +
+                                std::to_string(x.numel()) + " elements");
+  std::vector<float> v(static_cast<size_t>(x.numel()));
+  download(x, v.data());
+  const int64_t n = x.numel();
+  float amax = 0.f;
+  bool nan = false;
+#pragma omp parallel for reduction(max : amax) reduction(|| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(v[i]);
+    if (std::isnan(a)) nan = true;
+    else amax = std::max(amax, a);
+    v[i] = fp8_round(v[i] * scale, format) / scale;
+  }
+  upload(v.data(), out);
+  return nan ? NAN : amax;
 }
 
 }  // namespace gpt

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/fp8.h"
 #include "model/ops/adamw_update.h"
 #include "model/ops/flat_segments.h"
 #include "model/tensor.h"
@@ -65,6 +66,13 @@ class Backend {
   virtual void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act);
   virtual void linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre,
                                      Tensor& dpre, Tensor& dw, Tensor* db);
+
+  // ---- FP8 emulation (model/fp8.h, model/fp8_linear.h) ----
+  // out (F32, x's shape) = fp8_round(x * scale) / scale: x as an FP8 GEMM sees it after the scaled cast,
+  // dequantised (every product of two such values is exact in fp32, as in the GEMM's fp32 accumulation).
+  // Returns the amax of x (largest |x| before scaling; NaN when x holds one). The default runs on the
+  // host through download/upload, so every backend has it.
+  virtual float fp8_quantize_dequantize(const Tensor& x, float scale, Fp8Format format, Tensor& out);
 
   // ---- layernorm over the last dim: y = (x - mean) * rstd * gamma + beta; mean/rstd F32 [N] ----
   virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y,

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 
+#include "parallel/checkpoint/checkpoint_fp8.h"
 #include "parallel/comm/host_messages.h"
 
 namespace gpt {
@@ -83,6 +84,19 @@ void load_tensors(const std::string& dir, const CheckpointMeta& meta, const Chec
       be.fill(s.v, 0.f);
     }
   }
+  // FP8 scales: each entry the checkpoint has for this rank's layers (none: they start at 1).
+  std::vector<float> stored;
+  for (ModelChunk* c : m.chunks)
+    for (Fp8TensorScale* s : c->fp8_scales().all()) {
+      auto it = meta.tensors.find(s->name);
+      if (it == meta.tensors.end()) continue;
+      stored.assign(static_cast<size_t>(shape_numel(it->second)), 0.f);
+      const int64_t n = static_cast<int64_t>(stored.size());
+      if (reader.read("fp8", s->name, it->second, ShardSpec{}, 0, n, stored.data()) != n)
+        throw CheckpointError(fmt::format("checkpoint {}: FP8 state {}: the rank files do not hold its {} values", dir,
+                                          s->name, n));
+      unpack_fp8_scale(stored, c->fp8_scales().recipe(), *s, dir);
+    }
   bytes = reader.bytes_read();
 }
 
@@ -152,7 +166,7 @@ void validate_checkpoint(const std::string& dir, const CheckpointMeta& meta, con
                                      shape_str(shape)));
   }
   for (const auto& [name, shape] : meta.tensors)
-    if (!m.global_shapes.count(name)) problems.push_back("tensor " + name + ": in the checkpoint but not in this model");
+    if (!m.global_shapes.count(name) && !is_fp8_state_name(name)) problems.push_back("tensor " + name + ": in the checkpoint but not in this model");
   if (!problems.empty()) {
     std::string list;
     for (size_t i = 0; i < problems.size() && i < 12; ++i) list += "\n  " + problems[i];

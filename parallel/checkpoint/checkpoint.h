@@ -43,6 +43,10 @@ struct CheckpointModel {
   TokenizerRecord tokenizer;
   std::map<std::string, std::string> tokenizer_files;
   std::map<std::string, Shape> global_shapes;  // every global tensor of the model, in this layout
+  // FP8 scaling state (parallel/checkpoint/checkpoint_fp8.h): every global entry's shape, and this rank's
+  // entries packed into F32 tensors on the backend at the time of the save (empty without precision.fp8).
+  std::map<std::string, Shape> fp8_shapes;
+  std::vector<std::pair<std::string, Tensor>> fp8_state;
   // Save the Adam moments (checkpoint.save_optimizer). Without them the checkpoint holds the weights
   // (and fp32 master weights) only: a third of the bytes, for release or evaluation; a run resumed from it
   // starts its moments at zero.

@@ -182,8 +182,9 @@ struct Reader {
       const std::string pp = fmt::format("{}.pieces[{}]", path, i);
       StoredPiece p;
       p.kind = get<std::string>(pieces[i], "kind", pp);
-      if (p.kind != "model" && p.kind != "master" && p.kind != "adam_m" && p.kind != "adam_v")
-        throw CheckpointError(source + ": " + pp + ".kind '" + p.kind + "' is not model, master, adam_m or adam_v");
+      if (p.kind != "model" && p.kind != "master" && p.kind != "adam_m" && p.kind != "adam_v" && p.kind != "fp8")
+        throw CheckpointError(source + ": " + pp + ".kind '" + p.kind +
+                              "' is not model, master, adam_m, adam_v or fp8");
       p.name = get<std::string>(pieces[i], "name", pp);
       Shape sh = shape(child(pieces[i], "shard", pp), pp + ".shard", -1);  // dim -1: not sharded
       try {

@@ -41,6 +41,9 @@ std::vector<RankPiece> rank_pieces(const CheckpointModel& m) {
     add("adam_m", s.m);
     add("adam_v", s.v);
   }
+  if (ps.tp_rank() == 0 && ps.dp_rank() == 0)  // the FP8 scales are the same on all of the stage's tp x dp ranks
+    for (const auto& [name, t] : m.fp8_state)
+      pieces.push_back({"fp8", name, t.shape(), ShardSpec{}, 0, t.numel(), DType::F32, &t, 0});
   return pieces;
 }
 
@@ -84,6 +87,7 @@ CheckpointMeta index_skeleton(const CheckpointModel& m, const CheckpointProgress
   meta.vocab_size = m.vocab_size;
   meta.padded_vocab = m.padded_vocab;
   meta.tensors = m.global_shapes;
+  meta.tensors.insert(m.fp8_shapes.begin(), m.fp8_shapes.end());
   meta.config_yaml = m.config_yaml;
   meta.tokenizer = store_tokenizer_files(m.tokenizer, m.tokenizer_files, staging);
   meta.has_optimizer_state = m.save_optimizer_state;

@@ -4,11 +4,13 @@
 // weights exactly (compared with an independent run's gathered weights), re-saves the identical master
 // weights and Adam moments, and continues with the original run's losses within 1e-5 relative. Damage to
 // one rank's file fails identically on every rank. A Llama-shaped run (grouped-query qkv with unequal
-// shard blocks, untied output layer) resumes bit for bit and reshards likewise.
+// shard blocks, untied output layer) resumes bit for bit and reshards likewise. FP8 scaling state saved
+// at (2, 2, 2) loads into (4, 1, 2) and (1, 1, 1) with every scale and history as saved.
 #include <mpi.h>
 
 #include "tests/llama_variants.h"
 #include "tests/parallel/checkpoint/checkpoint_test_util.h"
+#include "parallel/checkpoint/checkpoint_fp8.h"
 #include "parallel/comm/mpi_communicator.h"
 
 using namespace gpt;
@@ -251,6 +253,75 @@ void expect_same_error_everywhere(const std::string& damage) {
 
 TEST(CheckpointMpi, MissingRankFileFailsAlikeOnAllRanks) { expect_same_error_everywhere("missing"); }
 TEST(CheckpointMpi, CorruptedRankFileFailsAlikeOnAllRanks) { expect_same_error_everywhere("corrupt"); }
+
+// The FP8 entries of a checkpoint: name -> stored values.
+std::map<std::string, std::vector<float>> fp8_entries(const std::string& dir) {
+  const CheckpointMeta meta = checkpoint_meta_from_yaml(read_text_file(dir + "/metadata.yaml"), dir);
+  CheckpointReader reader(dir, meta);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, shape] : meta.tensors) {
+    if (!is_fp8_state_name(name)) continue;
+    std::vector<float> v(shape_numel(shape));
+    EXPECT_EQ(reader.read("fp8", name, shape, ShardSpec{}, 0, shape_numel(shape), v.data()), shape_numel(shape))
+        << dir << " " << name;
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
+TEST(CheckpointMpi, Fp8ScalesReshardIntoTensor4Data2AndOneRank) {
+  const std::string dir = shared_temp_dir("mpi_fp8");
+  auto fp8_config = [&](const Layout& l) {
+    Config cfg = layout_config(l);
+    cfg.precision.fp8 = "hybrid";
+    cfg.precision.fp8_amax_history_len = 4;
+    return cfg;
+  };
+  Config saving = fp8_config(kSaved);
+  saving.training.train_iters = 6;
+  saving.checkpoint.dir = dir + "/saved";
+  saving.checkpoint.save_interval = 6;
+  {
+    ParallelState ps = state_for(kSaved);
+    train_run(saving, ps);
+  }
+  const std::string saved = dir + "/saved/iter_0000006";
+  const auto stored = fp8_entries(saved);
+  // 2 layers x 4 linears x 3 operands (tiny_config), each [2 + history]: scale, 4 amaxes after 6 steps.
+  EXPECT_EQ(stored.size(), size_t(tiny_config().model.num_layers) * 12);
+  for (const auto& [name, v] : stored) {
+    ASSERT_EQ(v.size(), 6u) << name;
+    EXPECT_EQ(v[1], 4.f) << name;
+    EXPECT_NE(v[0], 1.f) << name;
+  }
+  for (const Layout& target : {Layout{4, 1, 2, 1, false}, Layout{1, 1, 1, 1, false}}) {
+    const bool single = target.tp * target.pp * target.dp == 1;
+    if (single && world_rank() != 0) continue;
+    Config cfg = fp8_config(target);
+    cfg.checkpoint.load = saved;
+    cfg.checkpoint.dir = dir + "/resaved_tp" + std::to_string(target.tp);
+    ParallelState ps = state_for(target);
+    auto be = make_backend("cpu");
+    Trainer t(cfg, ps, *be);
+    ASSERT_TRUE(t.resume());
+    size_t checked = 0;
+    for (ModelChunk* c : t.chunks())
+      for (Fp8TensorScale* sc : c->fp8_scales().all()) {
+        const auto it = stored.find(sc->name);
+        ASSERT_NE(it, stored.end()) << sc->name;
+        EXPECT_EQ(sc->scale, it->second[0]) << sc->name;
+        EXPECT_EQ(sc->history, std::vector<float>(it->second.begin() + 2, it->second.end())) << sc->name;
+        ++checked;
+      }
+    EXPECT_EQ(checked, stored.size());  // pipeline 1: every layer on every rank
+    t.save_checkpoint();
+    if (ps.rank == 0) {
+      EXPECT_EQ(fp8_entries(cfg.checkpoint.dir + "/iter_0000006"), stored) << target.tp;
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) fs::remove_all(dir);
+}
 
 TEST(CheckpointMpi, Cleanup) {
   MPI_Barrier(MPI_COMM_WORLD);

@@ -54,6 +54,38 @@ TEST(CheckpointResume, Fp16LossScalerStateIsRestored) {
   EXPECT_LT(after.skipped, int64_t(after.losses.size()));
 }
 
+// FP8: the scales and amax histories are part of the state (a resumed run that restarted them at 1 would
+// differ from step 11 on); a history of 4 keeps entries rolling out of the window across the resume.
+TEST(CheckpointResume, Fp8ScalingStateIsRestored) {
+  for (const char* algo : {"max", "most_recent"}) {
+    Config cfg = small_config();
+    cfg.precision.dtype = "bf16";
+    cfg.precision.fp8 = "hybrid";
+    cfg.precision.fp8_amax_history_len = 4;
+    cfg.precision.fp8_amax_compute_algo = algo;
+    expect_resume_bit_identical(cfg);
+  }
+}
+
+// Switching FP8 on when resuming a bf16 checkpoint (or off when resuming an FP8 one) loads: the entries
+// are optional both ways, and the FP8 run's scales start at 1 as in a fresh run.
+TEST(CheckpointResume, Fp8CanBeSwitchedOnAndOffAcrossAResume) {
+  Config cfg = small_config();
+  cfg.precision.dtype = "bf16";
+  cfg.training.train_iters = cfg.optimizer.decay_iters = 6;
+  ParallelState ps = single_process_state();
+  const TempDir tmp("fp8-switch");
+  cfg.checkpoint.dir = tmp.path;
+  train_run(cfg, ps);
+  Config on = cfg;
+  on.precision.fp8 = "e4m3";
+  on.training.train_iters = on.optimizer.decay_iters = 9;
+  EXPECT_EQ(train_run(on, ps).losses.size(), 3u);
+  Config off = cfg;
+  off.training.train_iters = off.optimizer.decay_iters = 12;
+  EXPECT_EQ(train_run(off, ps).losses.size(), 3u);
+}
+
 // training.exit_interval and training.exit_duration_mins (Megatron-LM's --exit-interval and
 // --exit-duration-in-mins) end a run early with a checkpoint of its last step; the next run resumes
 // from it, and the steps match an uninterrupted run bit for bit.
