@@ -15,13 +15,17 @@ void LMHeadLoss::loss_pieces(LayerContext& ctx, const Tensor& x, const Tensor& t
   const DType ldt = weight_->value.dtype() == DType::BF16 ? DType::BF16 : DType::F32;
   logits = be.empty({n, weight_->value.dim(0)}, ldt);
   be.linear_forward(x, weight_->value, nullptr, logits);  // x here spans all N rows
+  // This shard's max, sum of exponentials and target logit in one read of the logits; across shards the
+  // sums are brought to the common max before they are added.
   row_max = be.empty({n});
-  be.ce_row_max(logits, vocab_start_, vocab_size_, row_max);
-  if (ctx.tp.size() > 1) ctx.tp.all_reduce(row_max, ReduceOp::Max);
   sum_exp = be.empty({n});
   Tensor target_logit = be.empty({n});
-  be.ce_sum_exp(logits, row_max, targets, vocab_start_, vocab_size_, sum_exp, target_logit);
+  be.ce_row_stats(logits, targets, vocab_start_, vocab_size_, row_max, sum_exp, target_logit);
   if (ctx.tp.size() > 1) {
+    Tensor shard_max = be.empty({n});
+    be.copy(row_max, shard_max);
+    ctx.tp.all_reduce(row_max, ReduceOp::Max);
+    be.ce_rescale_sum_exp(shard_max, row_max, sum_exp);
     ctx.tp.all_reduce(sum_exp);
     ctx.tp.all_reduce(target_logit);
   }

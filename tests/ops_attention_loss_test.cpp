@@ -239,6 +239,48 @@ TEST_F(OpsAttentionLossTest, CrossEntropyLargeVocabMatchesReference) {
   }
 }
 
+// The one-read statistics: on a whole row the same values as the two stages; split over 3 vocab shards
+// (the last holding only padding) and brought to the common max by ce_rescale_sum_exp, the shards' sums
+// add up to the whole row's sum of exponentials in double.
+TEST_F(OpsAttentionLossTest, CrossEntropyRowStatsInOneReadMatchTheTwoStages) {
+  const int64_t N = 5, vocab = 1000, shard = 512;  // shards [0, 512), [512, 1024) (24 padding), [1024, 1536)
+  Vec logits = randn(N * shard * 3, 4.f);
+  std::vector<int32_t> targets = {0, 999, 511, 512, 77};
+  Tensor tt = make_ids({N}, targets);
+  double sums[N] = {}, maxes[N];
+  std::fill(maxes, maxes + N, -1e300);
+  std::vector<Vec> parts(3);
+  for (int k = 0; k < 3; ++k) {
+    parts[k].resize(N * shard);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < shard; ++c) parts[k][n * shard + c] = logits[(n * 3 + k) * shard + c];
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < shard && k * shard + c < vocab; ++c) maxes[n] = std::max(maxes[n], double(parts[k][n * shard + c]));
+  }
+  for (int k = 0; k < 3; ++k)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < shard && k * shard + c < vocab; ++c) sums[n] += std::exp(parts[k][n * shard + c] - maxes[n]);
+  Tensor gmax = make({N}, Vec(maxes, maxes + N)), total = make({N}, Vec(N, 0.f));
+  Vec sum_of_shards(N, 0.f);
+  for (int k = 0; k < 3; ++k) {
+    Tensor tl = make({N, shard}, parts[k]), mx = be->empty({N}), se = be->empty({N}), tg = be->empty({N});
+    be->ce_row_stats(tl, tt, k * shard, vocab, mx, se, tg);
+    Tensor mx2 = be->empty({N}), se2 = be->empty({N}), tg2 = be->empty({N});
+    be->ce_row_max(tl, k * shard, vocab, mx2);
+    be->ce_sum_exp(tl, mx2, tt, k * shard, vocab, se2, tg2);
+    EXPECT_EQ(host(mx), host(mx2)) << "shard " << k;
+    EXPECT_EQ(host(se), host(se2)) << "shard " << k;
+    EXPECT_EQ(host(tg), host(tg2)) << "shard " << k;
+    be->ce_rescale_sum_exp(mx, gmax, se);
+    const Vec v = host(se);
+    for (int64_t n = 0; n < N; ++n) sum_of_shards[n] += v[n];
+    if (k == 2) {
+      for (float x : v) EXPECT_EQ(x, 0.f);  // only padding: nothing, not NaN
+    }
+  }
+  for (int64_t n = 0; n < N; ++n) EXPECT_NEAR(sum_of_shards[n], sums[n], 1e-5 * sums[n]) << "row " << n;
+}
+
 TEST_F(OpsAttentionLossTest, CrossEntropyRejectsTargetsOutsideVocabulary) {
   Tensor tl = make({2, 4}, randn(8)), mx = make({2}, {0.f, 0.f}), se = be->empty({2}), tgt = be->empty({2});
   Tensor tt = make_ids({2}, {1, 4});  // 4 is padding of a vocabulary of 4

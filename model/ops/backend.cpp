@@ -79,6 +79,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
   throw std::runtime_error("unknown backend '" + name + "': valid values are 'cpu' and 'cuda'");
 }
 
+void Backend::ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                           Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
+  ce_row_max(logits, vocab_start, vocab_size, row_max);
+  ce_sum_exp(logits, row_max, targets, vocab_start, vocab_size, sum_exp, target_logit);
+}
+
 float Backend::fp8_quantize_dequantize(const Tensor& x, float scale, Fp8Format format, Tensor& out) {
   if (out.numel() != x.numel() || out.dtype() != DType::F32)
     throw std::invalid_argument("fp8_quantize_dequantize: out must be F32 with x's " +

@@ -188,6 +188,17 @@ class Backend {
   // target_logit[n] = logits[n, target[n] - vocab_start] if the target lies in this shard, else 0.
   virtual void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
                           int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) = 0;
+  // Both stages above in one read of the logits (online softmax), over this shard alone: row_max[n] = the
+  // shard's max over real columns (-inf if it has none), sum_exp[n] = the sum of exp(logit - row_max[n]) over
+  // them, target_logit as ce_sum_exp's. With one shard these are ce_row_max's and ce_sum_exp's outputs (up to
+  // rounding: the sum is rescaled as the running max rises); across a tensor-parallel group the caller
+  // max-reduces a copy of row_max and brings each shard's sum to the common max with ce_rescale_sum_exp
+  // before summing. The default composes ce_row_max and ce_sum_exp (two reads).
+  virtual void ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                            Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);
+  // sum_exp[n] *= exp(local_max[n] - global_max[n]), and 0 where local_max[n] is -inf (a shard without real
+  // columns). F32 [N] each.
+  virtual void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) = 0;
   // dlogits = grad_scale * (softmax - onehot(target)), zero on padding columns. Overwrites dlogits, which
   // may be the logits tensor itself (each element is read before it is written, by the same thread).
   virtual void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,

@@ -77,6 +77,9 @@ class CpuBackend final : public Backend {
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
 
   void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
+  void ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) override;
+  void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) override;
   void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
                   int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) override;
   void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,

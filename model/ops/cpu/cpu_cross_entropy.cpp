@@ -1,6 +1,6 @@
 // Softmax cross-entropy over a possibly vocab-sharded logits[N, Vl] on the CPU, in the three stages the
 // caller interleaves with tensor-parallel all-reduces (row max, then sum of exponentials and the target's
-// logit, then the gradient). Columns whose global id is at or past vocab_size are padding: they are
+// logit, then the gradient), or with the first two in one read of the logits (ce_row_stats). Columns whose global id is at or past vocab_size are padding: they are
 // skipped by every stage and get a zero gradient, so they can never win the softmax.
 #include <algorithm>
 #include <cmath>
@@ -82,6 +82,43 @@ void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const T
       tlp[n] = (local >= 0 && local < s.real) ? row[local] : 0.f;
     }
   }
+}
+
+// One visit per row: its max, then its sum of exponentials while the row is still in cache, so the logits
+// are read from memory once (the same values as ce_row_max and ce_sum_exp give).
+void CpuBackend::ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                              Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
+  const char* op = "ce_row_stats";
+  const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
+  ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
+  ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
+  ops::check_row_vector(kChecks, target_logit, s.rows, op, "target_logit");
+  const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
+  float *mp = row_max.f32(), *sp = sum_exp.f32(), *tlp = target_logit.f32();
+#pragma omp parallel if (s.rows * s.real > (1 << 15))
+  {
+    Windows w;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < s.rows; ++n) {
+      const float* row = w.in(0, logits, n * s.cols, s.real);
+      mp[n] = row_max_of(row, s.real);
+      sp[n] = sum_exp_of(row, s.real, mp[n]);
+      const int64_t local = static_cast<int64_t>(tp[n]) - vocab_start;
+      tlp[n] = (local >= 0 && local < s.real) ? row[local] : 0.f;
+    }
+  }
+}
+
+void CpuBackend::ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) {
+  const char* op = "ce_rescale_sum_exp";
+  const int64_t n = sum_exp.numel();
+  ops::check_row_vector(kChecks, sum_exp, n, op, "sum_exp");
+  ops::check_row_vector(kChecks, local_max, n, op, "local_max");
+  ops::check_row_vector(kChecks, global_max, n, op, "global_max");
+  const float *lm = local_max.f32(), *gm = global_max.f32();
+  float* sp = sum_exp.f32();
+  for (int64_t i = 0; i < n; ++i)
+    sp[i] = lm[i] == -std::numeric_limits<float>::infinity() ? 0.f : sp[i] * std::exp(lm[i] - gm[i]);
 }
 
 void CpuBackend::ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,

@@ -92,6 +92,7 @@ void release_device_block(void* ptr, size_t) { CachingAllocator::instance().rele
 const char* op_name(int op) {
   switch (static_cast<CudaOp>(op)) {
     case CudaOp::CeSumExp: return "ce_sum_exp";
+    case CudaOp::CeRowStats: return "ce_row_stats";
     case CudaOp::CeBackward: return "ce_backward";
     case CudaOp::EmbeddingForward: return "embedding_forward";
     case CudaOp::EmbeddingBackward: return "embedding_backward";

@@ -42,7 +42,7 @@ struct DeviceErrorReport {
   long long limit;  // the bound it broke (vocabulary size)
 };
 
-enum class CudaOp : int { CeSumExp = 1, CeBackward = 2, EmbeddingForward = 3, EmbeddingBackward = 4 };
+enum class CudaOp : int { CeSumExp = 1, CeBackward = 2, EmbeddingForward = 3, EmbeddingBackward = 4, CeRowStats = 5 };
 enum class DeviceError : int { None = 0, TargetOutOfVocabulary = 1, NegativeTokenId = 2 };
 
 namespace cuda {
@@ -150,6 +150,9 @@ class CudaBackend final : public Backend {
   void ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t vocab_size, Tensor& row_max) override;
   void ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
                   int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) override;
+  void ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) override;
+  void ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) override;
   void ce_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,
                    int64_t vocab_start, int64_t vocab_size, float grad_scale, Tensor& dlogits) override;
   void ce_loss_accumulate(const Tensor& row_max, const Tensor& sum_exp, const Tensor& target_logit,

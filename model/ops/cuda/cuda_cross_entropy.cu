@@ -55,6 +55,44 @@ __global__ void ce_sum_exp_kernel(Logits l, const float* row_max, const int32_t*
   }
 }
 
+// ce_row_max and ce_sum_exp in one read of the row (online softmax): each thread keeps a running max and
+// its sum of exp(logit - running max), rescaled when the max rises; the block then takes the max and brings
+// each thread's sum to it before adding. Grid = N blocks.
+__global__ void ce_row_stats_kernel(Logits l, const int32_t* targets, int64_t vocab_start, int64_t vocab_size,
+                                    float* row_max, float* sum_exp, float* target_logit, DeviceErrorReport* report) {
+  const int64_t n = blockIdx.x;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  float m = neg_inf, s = 0.f;
+  for (int64_t c = threadIdx.x; c < l.real; c += blockDim.x) {
+    const float x = load_as_f32(l.ptr, l.dtype, n * l.cols + c);
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;  // the first value: expf(-inf) = 0
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
+  const float mx = block_max(m);
+  s = block_sum(m == neg_inf ? 0.f : s * expf(m - mx));
+  if (threadIdx.x == 0) {
+    row_max[n] = mx;
+    sum_exp[n] = s;
+    const int32_t t = targets[n];
+    if (t < 0 || t >= vocab_size)
+      report_device_error(report, DeviceError::TargetOutOfVocabulary, CudaOp::CeRowStats, n, t, vocab_size);
+    const int64_t local = static_cast<int64_t>(t) - vocab_start;
+    target_logit[n] = (local >= 0 && local < l.real) ? load_as_f32(l.ptr, l.dtype, n * l.cols + local) : 0.f;
+  }
+}
+
+// sum_exp[i] *= exp(local_max[i] - global_max[i]); 0 for a shard without real columns.
+__global__ void ce_rescale_sum_exp_kernel(const float* local_max, const float* global_max, float* sum_exp, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float lm = local_max[i];
+  sum_exp[i] = lm == -__int_as_float(0x7f800000) ? 0.f : sum_exp[i] * expf(lm - global_max[i]);
+}
+
 // dlogits[n, c] = grad_scale * (softmax - onehot(target)), 0 on padding columns. Grid = N blocks.
 __global__ void ce_backward_kernel(Logits l, const float* row_max, const float* sum_exp, const int32_t* targets,
                                    int64_t vocab_start, int64_t vocab_size, float grad_scale, void* dlogits, DType dd,
@@ -108,6 +146,33 @@ void CudaBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const 
   if (N == 0) return;
   ce_sum_exp_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
       l, row_max.f32(), targets.i32(), vocab_start, vocab_size, sum_exp.f32(), target_logit.f32(), error_device_);
+  check_launch(op);
+}
+
+void CudaBackend::ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                               Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
+  const char* op = "ce_row_stats";
+  const Logits l = check_logits(logits, vocab_start, vocab_size, op);
+  const int64_t N = rows_of(logits);
+  ops::check_row_vector(kChecks, row_max, N, op, "row_max");
+  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
+  ops::check_row_vector(kChecks, target_logit, N, op, "target_logit");
+  ops::check_targets_shape(kChecks, targets, N, op);
+  if (N == 0) return;
+  ce_row_stats_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
+      l, targets.i32(), vocab_start, vocab_size, row_max.f32(), sum_exp.f32(), target_logit.f32(), error_device_);
+  check_launch(op);
+}
+
+void CudaBackend::ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) {
+  const char* op = "ce_rescale_sum_exp";
+  const int64_t N = sum_exp.numel();
+  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
+  ops::check_row_vector(kChecks, local_max, N, op, "local_max");
+  ops::check_row_vector(kChecks, global_max, N, op, "global_max");
+  if (N == 0) return;
+  const unsigned blocks = static_cast<unsigned>((N + kThreads - 1) / kThreads);
+  ce_rescale_sum_exp_kernel<<<blocks, kThreads, 0, stream_>>>(local_max.f32(), global_max.f32(), sum_exp.f32(), N);
   check_launch(op);
 }
 
