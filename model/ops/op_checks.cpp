@@ -316,6 +316,26 @@ void check_targets_shape(const OpChecks& c, const Tensor& targets, int64_t rows,
   c.require_numel(targets, rows, op, "targets", "one target per logits row");
 }
 
+VocabShard check_ce_row_stats(const OpChecks& c, const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                              int64_t vocab_size, const Tensor& row_max, const Tensor& sum_exp,
+                              const Tensor& target_logit, const char* op) {
+  const VocabShard s = check_logits(c, logits, vocab_start, vocab_size, op);
+  check_row_vector(c, row_max, s.rows, op, "row_max");
+  check_row_vector(c, sum_exp, s.rows, op, "sum_exp");
+  check_row_vector(c, target_logit, s.rows, op, "target_logit");
+  check_targets_shape(c, targets, s.rows, op);
+  return s;
+}
+
+int64_t check_ce_rescale(const OpChecks& c, const Tensor& local_max, const Tensor& global_max, const Tensor& sum_exp,
+                         const char* op) {
+  const int64_t n = sum_exp.numel();
+  check_row_vector(c, sum_exp, n, op, "sum_exp");
+  check_row_vector(c, local_max, n, op, "local_max");
+  check_row_vector(c, global_max, n, op, "global_max");
+  return n;
+}
+
 AdamWBiasCorrections check_adamw(const OpChecks& c, const Tensor& w, const Tensor& g, const Tensor& m,
                                  const Tensor& v, float beta1, float beta2, int64_t step, const char* op) {
   c.require_dtype(w, DType::F32, op, "w (fp32 master weights)");

@@ -144,6 +144,13 @@ VocabShard check_logits(const OpChecks& c, const Tensor& logits, int64_t vocab_s
 // An F32 vector of one value per logits row; I32 targets of one per row.
 void check_row_vector(const OpChecks& c, const Tensor& t, int64_t rows, const char* op, const char* arg);
 void check_targets_shape(const OpChecks& c, const Tensor& targets, int64_t rows, const char* op);
+// ce_sum_exp and ce_row_stats: the logits shard, one target and one row_max, sum_exp and target_logit per row.
+VocabShard check_ce_row_stats(const OpChecks& c, const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                              int64_t vocab_size, const Tensor& row_max, const Tensor& sum_exp,
+                              const Tensor& target_logit, const char* op);
+// ce_rescale_sum_exp: three F32 vectors of one length; returns it.
+int64_t check_ce_rescale(const OpChecks& c, const Tensor& local_max, const Tensor& global_max, const Tensor& sum_exp,
+                         const char* op);
 
 // adamw_step: fp32 master weights w, gradient g and moments m, v of one size, and a 1-based step. Returns
 // the bias corrections 1 / (1 - beta^step), computed in double (beta^step underflows gracefully and

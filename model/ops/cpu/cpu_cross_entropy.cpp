@@ -64,10 +64,8 @@ void CpuBackend::ce_row_max(const Tensor& logits, int64_t vocab_start, int64_t v
 void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const Tensor& targets, int64_t vocab_start,
                             int64_t vocab_size, Tensor& sum_exp, Tensor& target_logit) {
   const char* op = "ce_sum_exp";
-  const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
-  ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
-  ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
-  ops::check_row_vector(kChecks, target_logit, s.rows, op, "target_logit");
+  const ops::VocabShard s =
+      ops::check_ce_row_stats(kChecks, logits, targets, vocab_start, vocab_size, row_max, sum_exp, target_logit, op);
   const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
   const float* mp = row_max.f32();
   float *sp = sum_exp.f32(), *tlp = target_logit.f32();
@@ -89,10 +87,8 @@ void CpuBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const T
 void CpuBackend::ce_row_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
                               Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   const char* op = "ce_row_stats";
-  const ops::VocabShard s = ops::check_logits(kChecks, logits, vocab_start, vocab_size, op);
-  ops::check_row_vector(kChecks, row_max, s.rows, op, "row_max");
-  ops::check_row_vector(kChecks, sum_exp, s.rows, op, "sum_exp");
-  ops::check_row_vector(kChecks, target_logit, s.rows, op, "target_logit");
+  const ops::VocabShard s =
+      ops::check_ce_row_stats(kChecks, logits, targets, vocab_start, vocab_size, row_max, sum_exp, target_logit, op);
   const int32_t* tp = check_targets(targets, s.rows, vocab_size, op);
   float *mp = row_max.f32(), *sp = sum_exp.f32(), *tlp = target_logit.f32();
 #pragma omp parallel if (s.rows * s.real > (1 << 15))
@@ -111,10 +107,7 @@ void CpuBackend::ce_row_stats(const Tensor& logits, const Tensor& targets, int64
 
 void CpuBackend::ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) {
   const char* op = "ce_rescale_sum_exp";
-  const int64_t n = sum_exp.numel();
-  ops::check_row_vector(kChecks, sum_exp, n, op, "sum_exp");
-  ops::check_row_vector(kChecks, local_max, n, op, "local_max");
-  ops::check_row_vector(kChecks, global_max, n, op, "global_max");
+  const int64_t n = ops::check_ce_rescale(kChecks, local_max, global_max, sum_exp, op);
   const float *lm = local_max.f32(), *gm = global_max.f32();
   float* sp = sum_exp.f32();
   for (int64_t i = 0; i < n; ++i)

@@ -139,10 +139,7 @@ void CudaBackend::ce_sum_exp(const Tensor& logits, const Tensor& row_max, const 
   const char* op = "ce_sum_exp";
   const Logits l = check_logits(logits, vocab_start, vocab_size, op);
   const int64_t N = rows_of(logits);
-  ops::check_row_vector(kChecks, row_max, N, op, "row_max");
-  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
-  ops::check_row_vector(kChecks, target_logit, N, op, "target_logit");
-  ops::check_targets_shape(kChecks, targets, N, op);
+  ops::check_ce_row_stats(kChecks, logits, targets, vocab_start, vocab_size, row_max, sum_exp, target_logit, op);
   if (N == 0) return;
   ce_sum_exp_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
       l, row_max.f32(), targets.i32(), vocab_start, vocab_size, sum_exp.f32(), target_logit.f32(), error_device_);
@@ -154,10 +151,7 @@ void CudaBackend::ce_row_stats(const Tensor& logits, const Tensor& targets, int6
   const char* op = "ce_row_stats";
   const Logits l = check_logits(logits, vocab_start, vocab_size, op);
   const int64_t N = rows_of(logits);
-  ops::check_row_vector(kChecks, row_max, N, op, "row_max");
-  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
-  ops::check_row_vector(kChecks, target_logit, N, op, "target_logit");
-  ops::check_targets_shape(kChecks, targets, N, op);
+  ops::check_ce_row_stats(kChecks, logits, targets, vocab_start, vocab_size, row_max, sum_exp, target_logit, op);
   if (N == 0) return;
   ce_row_stats_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream_>>>(
       l, targets.i32(), vocab_start, vocab_size, row_max.f32(), sum_exp.f32(), target_logit.f32(), error_device_);
@@ -166,10 +160,7 @@ void CudaBackend::ce_row_stats(const Tensor& logits, const Tensor& targets, int6
 
 void CudaBackend::ce_rescale_sum_exp(const Tensor& local_max, const Tensor& global_max, Tensor& sum_exp) {
   const char* op = "ce_rescale_sum_exp";
-  const int64_t N = sum_exp.numel();
-  ops::check_row_vector(kChecks, sum_exp, N, op, "sum_exp");
-  ops::check_row_vector(kChecks, local_max, N, op, "local_max");
-  ops::check_row_vector(kChecks, global_max, N, op, "global_max");
+  const int64_t N = ops::check_ce_rescale(kChecks, local_max, global_max, sum_exp, op);
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>((N + kThreads - 1) / kThreads);
   ce_rescale_sum_exp_kernel<<<blocks, kThreads, 0, stream_>>>(local_max.f32(), global_max.f32(), sum_exp.f32(), N);
