@@ -36,6 +36,15 @@ __global__ void ce_row_max_kernel(Logits l, float* row_max) {
   if (threadIdx.x == 0) row_max[n] = m;
 }
 
+// Row n's target logit when target t lies in this shard, else 0; a target outside the vocabulary is
+// reported for `op`.
+__device__ float checked_target_logit(Logits l, int64_t n, int32_t t, int64_t vocab_start, int64_t vocab_size,
+                                      CudaOp op, DeviceErrorReport* report) {
+  if (t < 0 || t >= vocab_size) report_device_error(report, DeviceError::TargetOutOfVocabulary, op, n, t, vocab_size);
+  const int64_t local = static_cast<int64_t>(t) - vocab_start;
+  return (local >= 0 && local < l.real) ? load_as_f32(l.ptr, l.dtype, n * l.cols + local) : 0.f;
+}
+
 // sum_exp[n] = sum over real columns of exp(logit - row_max[n]); target_logit[n] = the target's logit
 // when it lies in this shard, else 0.
 __global__ void ce_sum_exp_kernel(Logits l, const float* row_max, const int32_t* targets, int64_t vocab_start,
@@ -47,11 +56,7 @@ __global__ void ce_sum_exp_kernel(Logits l, const float* row_max, const int32_t*
   s = block_sum(s);
   if (threadIdx.x == 0) {
     sum_exp[n] = s;
-    const int32_t t = targets[n];
-    if (t < 0 || t >= vocab_size)
-      report_device_error(report, DeviceError::TargetOutOfVocabulary, CudaOp::CeSumExp, n, t, vocab_size);
-    const int64_t local = static_cast<int64_t>(t) - vocab_start;
-    target_logit[n] = (local >= 0 && local < l.real) ? load_as_f32(l.ptr, l.dtype, n * l.cols + local) : 0.f;
+    target_logit[n] = checked_target_logit(l, n, targets[n], vocab_start, vocab_size, CudaOp::CeSumExp, report);
   }
 }
 
@@ -77,11 +82,7 @@ __global__ void ce_row_stats_kernel(Logits l, const int32_t* targets, int64_t vo
   if (threadIdx.x == 0) {
     row_max[n] = mx;
     sum_exp[n] = s;
-    const int32_t t = targets[n];
-    if (t < 0 || t >= vocab_size)
-      report_device_error(report, DeviceError::TargetOutOfVocabulary, CudaOp::CeRowStats, n, t, vocab_size);
-    const int64_t local = static_cast<int64_t>(t) - vocab_start;
-    target_logit[n] = (local >= 0 && local < l.real) ? load_as_f32(l.ptr, l.dtype, n * l.cols + local) : 0.f;
+    target_logit[n] = checked_target_logit(l, n, targets[n], vocab_start, vocab_size, CudaOp::CeRowStats, report);
   }
 }
 
