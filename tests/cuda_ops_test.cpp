@@ -308,6 +308,20 @@ TEST_P(CudaVsCpuDtype, VocabParallelCrossEntropyStages) {
   gpu->ce_sum_exp(logits.g, row_max.g, tg.g, vocab_start, vocab_size, sum_exp.g, target_logit.g);
   expect_close(sum_exp, 1e-5, "sum_exp");
   expect_close(target_logit, 0, "target_logit (exact)");
+  // The same statistics in one read of the logits (online softmax on the GPU), and the rescale of a
+  // shard's sum to a larger common max.
+  Pair stats_max = empty({N}), stats_sum = empty({N}), stats_target = empty({N});
+  cpu->ce_row_stats(logits.c, tg.c, vocab_start, vocab_size, stats_max.c, stats_sum.c, stats_target.c);
+  gpu->ce_row_stats(logits.g, tg.g, vocab_start, vocab_size, stats_max.g, stats_sum.g, stats_target.g);
+  expect_close(stats_max, 0, "ce_row_stats row_max (exact)");
+  expect_close(stats_sum, 1e-5, "ce_row_stats sum_exp");
+  expect_close(stats_target, 0, "ce_row_stats target_logit (exact)");
+  Vec raised = host(*cpu, stats_max.c);
+  for (float& m : raised) m += 1.5f;
+  Pair common = make({N}, raised);
+  cpu->ce_rescale_sum_exp(stats_max.c, common.c, stats_sum.c);
+  gpu->ce_rescale_sum_exp(stats_max.g, common.g, stats_sum.g);
+  expect_close(stats_sum, 1e-5, "ce_rescale_sum_exp");
   Pair dlogits = empty({N, Vl});
   cpu->ce_backward(logits.c, row_max.c, sum_exp.c, tg.c, vocab_start, vocab_size, 0.25f, dlogits.c);
   gpu->ce_backward(logits.g, row_max.g, sum_exp.g, tg.g, vocab_start, vocab_size, 0.25f, dlogits.g);
