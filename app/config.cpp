@@ -372,6 +372,9 @@ void validate_config(const Config& c) {
           fmt::format("model.seq_length ({}) must be divisible by 2 x parallel.context (2 x {}): context parallelism "
                       "cuts each sequence into 2 x parallel.context equal chunks",
                       m.seq_length, p.context));
+  require(!p.tp_comm_overlap || p.sequence_parallel,
+          "parallel.tp_comm_overlap needs parallel.sequence_parallel: true (the overlap pipelines the "
+          "sequence-parallel all-gathers and reduce-scatters with the GEMMs; Megatron asserts the same)");
   require(!p.sequence_parallel || (m.seq_length / p.context) % p.tensor == 0,
           p.context == 1 ? fmt::format("model.seq_length ({}) must be divisible by parallel.tensor ({}) with "
                                        "parallel.sequence_parallel",

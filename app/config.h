@@ -39,6 +39,7 @@ struct ParallelConfig {
   int64_t data = 0;  // 0 = world / (tensor * context * pipeline)
   int64_t context = 1;  // context-parallel size: each sequence's 2 * context chunks spread over this many ranks
   bool sequence_parallel = false;
+  bool tp_comm_overlap = false;  // tensor-parallel all-gathers / reduce-scatters pipelined with the GEMMs (needs SP)
   bool distributed_optimizer = false;
   int64_t bucket_size_mb = 25;
   bool overlap_grad_reduce = true;  // start each gradient bucket's dp reduction during the last backward pass

@@ -62,6 +62,7 @@ LayoutSpec layout_spec_from_config(const Config& cfg, const GridLayout& grid) {
   l.micro_batch = cfg.training.micro_batch_size;
   l.global_batch = cfg.training.global_batch_size;
   l.sequence_parallel = cfg.parallel.sequence_parallel;
+  l.tp_comm_overlap = cfg.parallel.tp_comm_overlap;
   l.distributed_optimizer = cfg.parallel.distributed_optimizer;
   l.recompute = parse_recompute(cfg.training.recompute);
   l.dtype = dtype_from_name(cfg.precision.dtype);

@@ -59,6 +59,10 @@ const std::vector<ConfigKey>& config_keys() {
               "context-parallel size: each sequence is cut into 2 x context chunks, rank r of the group holding "
               "chunks r and 2 x context - 1 - r, with ring attention between them"),
       GPT_KEY(parallel, sequence_parallel, "shard layer norm / dropout activations over the tensor group"),
+      GPT_KEY(parallel, tp_comm_overlap,
+              "split each transformer layer's tensor-parallel all-gather and reduce-scatter into row blocks "
+              "pipelined with the neighbouring GEMM's blocks (Megatron's --tp-comm-overlap); needs "
+              "parallel.sequence_parallel. FP8 layers keep the plain collectives"),
       GPT_KEY(parallel, distributed_optimizer, "shard optimizer state over the data-parallel group"),
       GPT_KEY(parallel, bucket_size_mb, "gradient all-reduce bucket size in MiB"),
       GPT_KEY(parallel, overlap_grad_reduce,

@@ -175,7 +175,8 @@ PlanOptions options_from(const Config& cfg, int devices, int devices_per_node) {
   o.sequence_parallel = cfg.parallel.sequence_parallel;
   o.max_context = static_cast<int>(std::max<int64_t>(1, cfg.parallel.context));
   o.dtype = dtype_of(cfg);
-  o.overlaps = gpt_train_overlaps(cfg.backend);  // what the trainer itself overlaps on this backend
+  // what the trainer itself overlaps on this backend with this config
+  o.overlaps = gpt_train_overlaps(cfg.backend, cfg.parallel.tp_comm_overlap);
   o.checkpoint_snapshot = cfg.checkpoint.async_save && !cfg.checkpoint.dir.empty();
   o.snapshot_optimizer_state = cfg.checkpoint.save_optimizer;
   return o;
@@ -495,7 +496,7 @@ int plan_main(const PlanCommandOptions& args) {
     o.grads_in_compute_dtype = args.grad_dtype == "compute";
     o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
     o.materialized_attention = args.attention == "materialized";
-    o.overlaps = parse_overlaps(args.overlap, cfg.backend);
+    o.overlaps = parse_overlaps(args.overlap, cfg.backend, cfg.parallel.tp_comm_overlap);
     const ModelDescription m = model_description_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);
     if (!args.explain.empty()) {

@@ -85,6 +85,12 @@ std::unique_ptr<SampleSource> Trainer::make_source(const std::string& split) con
   return make_sample_source(cfg_, split);
 }
 
+LayerContext Trainer::layer_context() {
+  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel, ps_.cp.get()};
+  ctx.tp_comm_overlap = cfg_.parallel.tp_comm_overlap;
+  return ctx;
+}
+
 std::vector<ModelChunk*> Trainer::chunks() {
   std::vector<ModelChunk*> out;
   for (auto& c : chunks_) out.push_back(c.get());
@@ -104,7 +110,7 @@ StepStats Trainer::step() {
   // The loss is the mean over every token of the global batch, times the loss scale.
   const float grad_scale =
       static_cast<float>(s.loss_scale / double(cfg_.training.global_batch_size * cfg_.model.seq_length));
-  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel, ps_.cp.get()};
+  LayerContext ctx = layer_context();
   // The step's sums on the device: [0] the losses of this rank's microbatches, [1 + id] the sum of squares
   // of global parameter id's gradient on this rank.
   backend_.fill(step_sums_, 0.f);
@@ -299,7 +305,7 @@ double Trainer::evaluate(const SampleSource& source, int64_t iters) {
                      cfg_.training.global_batch_size, ps_.layout.dp(), ps_.coord.dp, cfg_.model.vocab_size,
                      ps_.cp_size(), ps_.cp_rank());
   if (iters <= 0) iters = std::max<int64_t>(1, source.size() / cfg_.training.global_batch_size);
-  LayerContext ctx{backend_, *ps_.tp, cfg_.parallel.sequence_parallel, ps_.cp.get()};
+  LayerContext ctx = layer_context();
   auto chunk_list = chunks();
   double loss_sum = 0;
   for (int64_t i = 0; i < iters; ++i) {

@@ -88,6 +88,8 @@ class Trainer {
   std::vector<std::pair<std::string, std::vector<float>>> gather_global_params(bool gradients = false);
 
  private:
+  // The layers' view of this rank's groups and of the parallel options.
+  LayerContext layer_context();
   void log_interval(const StepStats& last);
   // Counts `s` towards training.max_nonfinite_steps; true when the run must stop.
   bool count_nonfinite(const StepStats& s);

@@ -21,12 +21,12 @@ void MlpActivation::backward(Backend& be, const Tensor& dact, const Tensor& fc1,
 }
 
 void MlpActivation::forward_through(LayerContext& ctx, const ColumnParallelLinear& fc1_layer, const Tensor& x,
-                                    Tensor& fc1, Tensor& act) const {
+                                    Tensor& x_full, Tensor& fc1, Tensor& act) const {
   if (swiglu_) {
-    fc1_layer.forward(ctx, x, fc1);
+    fc1_layer.forward_with_entry(ctx, x, x_full, fc1);
     forward(ctx.backend, fc1, act);
   } else {
-    fc1_layer.forward_gelu(ctx, x, fc1, act);
+    fc1_layer.forward_gelu_with_entry(ctx, x, x_full, fc1, act);
   }
 }
 
@@ -34,10 +34,10 @@ void MlpActivation::backward_through(LayerContext& ctx, const RowParallelLinear&
                                      const Tensor& act, const Tensor& fc1, Tensor& dfc1) const {
   if (swiglu_) {
     Tensor dact;
-    fc2_layer.backward(ctx, dy, act, dact);
+    fc2_layer.backward_with_exit(ctx, dy, act, dact);
     backward(ctx.backend, dact, fc1, dfc1);
   } else {
-    fc2_layer.backward_dgelu(ctx, dy, act, fc1, dfc1);
+    fc2_layer.backward_dgelu_with_exit(ctx, dy, act, fc1, dfc1);
   }
 }
 

@@ -18,10 +18,12 @@ class MlpActivation {
   void forward(Backend& be, const Tensor& fc1, Tensor& act) const;
   // dact [rows, ffn/tp] -> dfc1 [rows, fc1_width/tp] (allocated here).
   void backward(Backend& be, const Tensor& dact, const Tensor& fc1, Tensor& dfc1) const;
-  // fc1 and the activation: x [rows, in] -> fc1 (its output, kept for backward) and act.
-  void forward_through(LayerContext& ctx, const ColumnParallelLinear& fc1_layer, const Tensor& x, Tensor& fc1,
-                       Tensor& act) const;
-  // fc2's backward and the activation's: dy (fc2's output gradient) -> dfc1, accumulating fc2's dw, db.
+  // The region's entry, fc1 and the activation: x [rows outside the tp region, in] -> x_full (fc1's
+  // gathered input), fc1 (its output, kept for backward) and act.
+  void forward_through(LayerContext& ctx, const ColumnParallelLinear& fc1_layer, const Tensor& x, Tensor& x_full,
+                       Tensor& fc1, Tensor& act) const;
+  // The region exit's backward, fc2's and the activation's: dy (fc2's output gradient, rows outside the
+  // region) -> dfc1, accumulating fc2's dw, db.
   void backward_through(LayerContext& ctx, const RowParallelLinear& fc2_layer, const Tensor& dy, const Tensor& act,
                         const Tensor& fc1, Tensor& dfc1) const;
 

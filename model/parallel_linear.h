@@ -7,6 +7,9 @@
 // of every block; `block_weights` sizes unequal blocks (grouped-query attention's q|k|v). Without `bias`
 // (Megatron's --disable-bias-linear) the layer has no bias parameter. With `fp8` (a set whose recipe is
 // on) the layer's GEMMs run in FP8 (model/fp8_linear.h), its three scales registered in that set.
+// The *_with_entry / *_with_exit members also place the region's communication, overlapped with the GEMMs
+// under parallel.tp_comm_overlap (model/tp_overlap.h); FP8 layers take the plain mappings (their scaled
+// casts see whole tensors).
 #pragma once
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "model/fp8_linear.h"
 #include "model/parameter.h"
 #include "model/tp_mappings.h"
+#include "model/tp_overlap.h"
 
 namespace gpt {
 
@@ -36,6 +40,15 @@ class ColumnParallelLinear {
   void backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const;
   // forward, then GELU: pre [N, out/tp] as forward's y, act = gelu(pre) (Backend::linear_gelu_forward).
   void forward_gelu(LayerContext& ctx, const Tensor& x, Tensor& pre, Tensor& act) const;
+  // The region's entry and this layer together: x (this rank's rows outside the tp region) -> x_full
+  // (the gathered input, which backward takes) and y (forward_gelu: pre and act). With the overlap
+  // (model/tp_overlap.h) each gathered row block's GEMM runs while the next block travels.
+  void forward_with_entry(LayerContext& ctx, const Tensor& x, Tensor& x_full, Tensor& y) const;
+  void forward_gelu_with_entry(LayerContext& ctx, const Tensor& x, Tensor& x_full, Tensor& pre, Tensor& act) const;
+  // backward and the entry's backward: returns the gradient wrt x (rows outside the region). With the
+  // overlap each row block of the input gradient goes to its owner as soon as it is computed, and the
+  // weight gradient's GEMM runs while the last blocks are in flight.
+  Tensor backward_with_entry(LayerContext& ctx, const Tensor& dy, const Tensor& x_full) const;
   int64_t out_local() const { return out_local_; }
 
  private:
@@ -56,6 +69,15 @@ class RowParallelLinear {
   // (Backend::linear_dgelu_backward).
   void backward_dgelu(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, const Tensor& pre,
                       Tensor& dpre) const;
+  // This layer and the region's exit together: returns the output rows outside the region (summed over
+  // the group). With the overlap (model/tp_overlap.h) each row block of the partial sums goes to its
+  // owner while the next block's GEMM runs.
+  Tensor forward_with_exit(LayerContext& ctx, const Tensor& x_local) const;
+  // The exit's backward and backward (backward_dgelu): dy holds the output gradient's rows outside the
+  // region. With the overlap each gathered row block's input-gradient GEMM runs while the next travels.
+  void backward_with_exit(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Tensor& dx_local) const;
+  void backward_dgelu_with_exit(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, const Tensor& pre,
+                                Tensor& dpre) const;
 
  private:
   Parameter* weight_;

@@ -21,6 +21,9 @@ struct LayerContext {
   // whole sequences. Otherwise the rows are this rank's two chunks of every sequence, chunk-major.
   Communicator* cp = nullptr;
   bool context_parallel() const { return cp && cp->size() > 1; }
+  // parallel.tp_comm_overlap: under sequence parallelism the region's all-gathers and reduce-scatters run
+  // in row blocks pipelined with the GEMMs beside them (model/tp_overlap.h).
+  bool tp_comm_overlap = false;
 };
 
 Tensor enter_tp_region(LayerContext& ctx, const Tensor& x);

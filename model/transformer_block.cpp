@@ -64,8 +64,7 @@ void TransformerBlock::forward(LayerContext& ctx, Residual x, int64_t B, int64_t
   // Attention branch: h = x + proj(attention(rope(qkv(ln1(x))))), x summed from the pending residual by ln1
   ln1_.forward_residual(ctx, std::move(x), c.input, c.ln1, c.ln1_stats);
   const DType dtype = c.input.dtype();
-  c.ln1_full = enter_tp_region(ctx, c.ln1);
-  qkv_.forward(ctx, c.ln1_full, c.qkv);
+  qkv_.forward_with_entry(ctx, c.ln1, c.ln1_full, c.qkv);
   if (ctx.context_parallel()) {
     if (kv) throw std::logic_error("TransformerBlock: cached decoding runs without context parallelism");
     if (rope_)
@@ -87,16 +86,11 @@ void TransformerBlock::forward(LayerContext& ctx, Residual x, int64_t B, int64_t
       be.attention_forward_last(kv->cache.rows(0, kv->past + T), 1, kv->past + T, T, H, G, D, c.att, c.lse);
     }
   }
-  Tensor proj_partial;
-  proj_.forward(ctx, c.att, proj_partial);
-  Tensor attn_out = exit_tp_region(ctx, proj_partial);
+  Tensor attn_out = proj_.forward_with_exit(ctx, c.att);
   // MLP branch: out = h + fc2(act(fc1(ln2(h)))), h = x + attention (the add runs with ln2)
   ln2_.forward_add(ctx, c.input, attn_out, c.h, c.ln2, c.ln2_stats);
-  c.ln2_full = enter_tp_region(ctx, c.ln2);
-  activation_.forward_through(ctx, fc1_, c.ln2_full, c.fc1, c.act);
-  Tensor fc2_partial;
-  fc2_.forward(ctx, c.act, fc2_partial);
-  out = Residual{c.h, exit_tp_region(ctx, fc2_partial)};  // the add waits for the next norm
+  activation_.forward_through(ctx, fc1_, c.ln2, c.ln2_full, c.fc1, c.act);
+  out = Residual{c.h, fc2_.forward_with_exit(ctx, c.act)};  // the add waits for the next norm
   if (recompute == Recompute::Selective) c.act = Tensor();
   if (recompute == Recompute::Full) {
     Tensor input = c.input;
@@ -116,17 +110,14 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
     activation_.forward(be, c.fc1, c.act);
   }
   // MLP branch
-  Tensor dout_full = exit_tp_region_backward(ctx, dout);
-  Tensor dfc1, dln2_full, dh;
-  activation_.backward_through(ctx, fc2_, dout_full, c.act, c.fc1, dfc1);
-  fc1_.backward(ctx, dfc1, c.ln2_full, &dln2_full);
-  Tensor dln2 = enter_tp_region_backward(ctx, dln2_full);
+  Tensor dfc1, dh;
+  activation_.backward_through(ctx, fc2_, dout, c.act, c.fc1, dfc1);
+  Tensor dln2 = fc1_.backward_with_entry(ctx, dfc1, c.ln2_full);
   ln2_.backward_add(ctx, dln2, c.h, c.ln2_stats, dout, dh);  // dh = ln2's gradient + the residual's
   c.act = c.fc1 = c.ln2 = c.ln2_full = Tensor();
   // Attention branch
-  Tensor dh_full = exit_tp_region_backward(ctx, dh);
-  Tensor datt, dln1_full;
-  proj_.backward(ctx, dh_full, c.att, datt);
+  Tensor datt;
+  proj_.backward_with_exit(ctx, dh, c.att, datt);
   Tensor dqkv = be.empty(c.qkv.shape(), c.qkv.dtype());
   if (ctx.context_parallel()) {
     ring_attention_backward(be, *ctx.cp, datt, c.qkv, c.att, c.lse, RingShape{B, T / 2, H, G, D}, dqkv);
@@ -139,8 +130,7 @@ void TransformerBlock::backward(LayerContext& ctx, const Tensor& dout, int64_t B
     if (rope_) rope_->backward(be, dqkv, B, T, H, G, D);
   }
   c.lse = c.att = Tensor();
-  qkv_.backward(ctx, dqkv, c.ln1_full, &dln1_full);
-  Tensor dln1 = enter_tp_region_backward(ctx, dln1_full);
+  Tensor dln1 = qkv_.backward_with_entry(ctx, dqkv, c.ln1_full);
   ln1_.backward_add(ctx, dln1, c.input, c.ln1_stats, dh, dx);  // dx = ln1's gradient + the residual's
   c = BlockCache();
 }

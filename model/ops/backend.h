@@ -60,6 +60,9 @@ class Backend {
   // dx = dy . w (skipped when dx is null); dw += dy^T . x; db += column sums of dy (when db non-null).
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                                Tensor* db) = 0;
+  // dx = dy . w alone, with linear_backward's dx arithmetic (a row block of dx at a time: the
+  // tensor-parallel overlap, model/tp_overlap.h, computes each block while another is in flight).
+  virtual void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) = 0;
   // The GPT MLP's linears with GELU between them, fused where a backend can: pre = x . w^T (+ b), kept
   // for backward, and act = gelu(pre) (fc1 and its activation); and linear_backward with dx replaced by
   // dpre = (dy . w) * gelu'(pre) (fc2 and the activation's backward). The defaults compose the ops above.

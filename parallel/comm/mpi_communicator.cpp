@@ -281,30 +281,45 @@ void MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out) {
     throw std::invalid_argument(where + "in has " + std::to_string(in.numel()) + " elements, expected " +
                                 std::to_string(size_) + " x " + std::to_string(out.numel()));
   ScopedTimer timer(seconds_spent_, name_);
-  // Piece by piece: each call reduces the same slice of every rank's block, packed contiguously (and, for
-  // 16-bit tensors, widened to fp32) into scratch, so no call exceeds kCollectiveChunkBytes. The result
-  // goes to fp32 scratch when the output aliases the input (MPI forbids that; the distributed optimizer
-  // reduces a bucket into its own shard this way) or is 16-bit, and is copied or rounded into it at the
-  // end, each sum rounded once.
+  // Piece by piece: the same slice of every rank's block, packed contiguously in the tensor's own dtype,
+  // goes to its owner in one MPI_Alltoall (so no call exceeds kCollectiveChunkBytes), and the owner adds
+  // the slices it receives in fp32 in rank order, each sum rounded once. The order is fixed, not MPI's
+  // choice: the overlapped reduce-scatter of the tensor-parallel region (model/tp_overlap.h) adds in the
+  // same order and gives the same bits. The result goes to fp32 scratch when the output aliases the input
+  // (the distributed optimizer reduces a bucket into its own shard this way) or is 16-bit, and is copied
+  // or rounded into it at the end.
   const DType dtype = in.dtype();
   const bool wide = dtype == DType::F32;
   const int64_t n = out.numel(), esize = dtype_size(dtype);
-  const int64_t piece = std::max<int64_t>(1, kReduceChunkElems / size_);
+  const int64_t piece = std::max<int64_t>(1, std::min(kReduceChunkElems, kCollectiveChunkBytes / esize) / size_);
   const bool alias = overlaps(in.raw(), in.bytes(), out.raw(), out.bytes());
-  std::vector<float> packed(static_cast<size_t>(std::min(piece, n) * size_));
+  const size_t slices = static_cast<size_t>(std::min(piece, n) * size_);
+  std::vector<char> packed(slices * esize), received(slices * esize);
+  std::vector<float> widened(wide ? 0 : slices);
   std::vector<float> result(alias || !wide ? static_cast<size_t>(n) : 0);
   float* dst = alias || !wide ? result.data() : out.f32();
   const char* src = static_cast<const char*>(in.raw());
   for (int64_t off = 0; off < n; off += piece) {
-    const int len = static_cast<int>(std::min(piece, n - off));
+    const int64_t len = std::min(piece, n - off);
     for (int k = 0; k < size_; ++k)
-      cpu::to_f32(src + (int64_t(k) * n + off) * esize, dtype, packed.data() + int64_t(k) * len, len);
-    std::vector<int> counts(static_cast<size_t>(size_), len);
-    check(MPI_Reduce_scatter(packed.data(), dst + off, counts.data(), MPI_FLOAT, MPI_SUM, comm_),
-          "MPI_Reduce_scatter");
+      std::memcpy(packed.data() + int64_t(k) * len * esize, src + (int64_t(k) * n + off) * esize, size_t(len * esize));
+    check(MPI_Alltoall(packed.data(), static_cast<int>(len * esize), MPI_BYTE, received.data(),
+                       static_cast<int>(len * esize), MPI_BYTE, comm_),
+          "MPI_Alltoall");
+    const float* parts = reinterpret_cast<const float*>(received.data());
+    if (!wide) {
+      cpu::to_f32(received.data(), dtype, widened.data(), len * size_);
+      parts = widened.data();
+    }
+    float* sum = dst + off;
+    std::memcpy(sum, parts, size_t(len) * sizeof(float));
+    for (int k = 1; k < size_; ++k) {
+      const float* part = parts + int64_t(k) * len;
+      for (int64_t i = 0; i < len; ++i) sum[i] += part[i];
+    }
   }
   if (alias || !wide) cpu::from_f32(result.data(), out.raw(), dtype, n);
-  bytes_moved_ += in.numel() * static_cast<int64_t>(sizeof(float));
+  bytes_moved_ += in.bytes();
 }
 
 void MpiCommunicator::broadcast(Tensor& t, int root) {

@@ -91,7 +91,7 @@ void use_device_communicators(ParallelState& state, Backend& backend, const std:
                  "memory (slow; build with NCCL for multi-GPU runs)");
   }
   // The same order on every rank, so the collective NCCL initialisations line up.
-  replace(state.tp, backend, false, staged);
+  replace(state.tp, backend, true, staged);  // p2p: the overlapped region's row-block exchanges (tp_comm_overlap)
   replace(state.dp, backend, false, staged);
   replace(state.pp, backend, true, staged);
   replace(state.embedding, backend, false, staged);

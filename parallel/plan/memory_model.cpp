@@ -52,7 +52,11 @@ struct TensorSizes {
   // statistics, and the key/value blocks being used and received; backward, the fp32 dQ, the key/value
   // blocks, and the three fp32 dK/dV accumulators (this step's, the arriving and the leaving sum).
   int64_t ring_fwd = 0, ring_bwd = 0;
+  bool swiglu = false;
+  bool tp_overlap = false;  // parallel.tp_comm_overlap applies (sequence parallelism, tp > 1)
+  int64_t tp = 1, dtype_bytes = 4;
   int64_t sp_X() const { return sp ? X : 0; }
+  int64_t out() const { return sp ? X : Xf; }  // a region exit's result: rows outside the region
   int64_t sp_Xf() const { return sp ? Xf : 0; }
   // What a block's cache keeps after forward, besides its input (the chunk's input for the first block, else
   // the sum its ln1 made of the previous block's pending residual).
@@ -69,6 +73,9 @@ TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   const int64_t d = static_cast<int64_t>(dtype_size(l.dtype));
   const int64_t N = l.micro_batch * m.seq_length / l.cp;  // this rank's tokens
   s.sp = l.sequence_parallel && l.tp > 1;
+  s.tp_overlap = s.sp && l.tp_comm_overlap;
+  s.swiglu = m.swiglu;
+  s.tp = l.tp, s.dtype_bytes = d;
   const int64_t rows = s.sp ? N / l.tp : N;
   s.X = rows * m.hidden * d;
   s.Xf = N * m.hidden * d;
@@ -96,6 +103,24 @@ int64_t pending_residual(const TensorSizes& s, Recompute r) {
   return (s.sp ? s.X : s.Xf) + (r == Recompute::Full ? s.X : 0);
 }
 
+// A row-parallel linear's forward with the region's exit (RowParallelLinear::forward_with_exit), and a
+// column-parallel linear's input gradient with the entry's backward (backward_with_entry): the full-row
+// partial sums, then the rows outside the region, which stay live. Without sequence parallelism the
+// all-reduce is in place (the partial sums are the result); with it the reduce-scatter's shard is new
+// and the partial sums go. Overlapped (parallel.tp_comm_overlap), the partials are made a row block at a
+// time: tp - 1 outgoing blocks and tp received ones (this rank's own among them), the fp32 sum and, for a
+// 16-bit dtype, its rounded copy, all but the result released on return.
+void region_exit(Ledger& L, const TensorSizes& s) {
+  if (!s.tp_overlap) {
+    L.alloc(s.Xf), L.alloc(s.sp_X());
+    if (s.sp) L.free(s.Xf);
+    return;
+  }
+  const int64_t blocks = (2 * s.tp - 1) * s.X, sum = s.X / s.dtype_bytes * 4, rounded = s.dtype_bytes < 4 ? s.X : 0;
+  L.alloc(blocks), L.alloc(sum), L.alloc(rounded);
+  L.free(blocks + (rounded ? sum : 0));
+}
+
 // TransformerBlock::forward: the cache it fills, its locals, and the pending residual it hands on. With
 // `pending`, the input is the previous block's pending residual, which ln1 sums and releases; otherwise
 // the input is a live tensor.
@@ -106,13 +131,13 @@ void block_forward(Ledger& L, const TensorSizes& s, Recompute r, bool pending) {
   L.alloc(s.sp_Xf());                                  // ln1_full
   L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.lse);
   L.alloc(s.ring_fwd), L.free(s.ring_fwd);             // context parallelism's ring
-  L.alloc(s.Xf), L.alloc(s.sp_X());                    // proj partial sums, attention output
+  region_exit(L, s);                                   // proj: the attention output
   L.alloc(s.X);                                        // h
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
   L.alloc(s.fc1), L.alloc(s.act);                      // fc1, act
-  L.alloc(s.Xf), L.alloc(s.sp_X());                    // fc2 partial sums, MLP output
+  region_exit(L, s);                                   // fc2: the MLP output
   L.free(s.block_saved(Recompute::None) - s.block_saved(r) - (r == Recompute::Full ? s.X : 0));  // h stays pending
-  L.free(2 * (s.Xf + s.sp_X()) - (s.sp ? s.X : s.Xf));  // the locals but the MLP output
+  L.free(s.out());                                     // the attention output
 }
 
 // TransformerBlock::backward with the block's cache and dout live; leaves dx allocated and the cache
@@ -124,20 +149,26 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   } else if (r == Recompute::Selective) {
     L.alloc(s.act);                        // the activation's output, recomputed
   }
-  L.alloc(s.sp_Xf());                      // dout gathered
-  L.alloc(s.act), L.alloc(s.fc1);          // dact, dfc1: both live inside the MLP's backward_through,
-  L.free(s.act);                           // which releases dact (the CPU's composed linear_dgelu_backward)
-  L.alloc(s.Xf), L.alloc(s.sp_X());        // dln2_full, dln2
+  // The MLP's backward_through: dout gathered (released when fc2's backward returns), dact and dfc1.
+  // GELU on the plain path runs the CPU's composed linear_dgelu_backward, dfc1 allocated before dact and
+  // dact released inside it; SwiGLU, and GELU overlapped, finish fc2's backward (dact) first.
+  L.alloc(s.sp_Xf());
+  if (s.swiglu || s.tp_overlap) {
+    L.alloc(s.act), L.free(s.sp_Xf()), L.alloc(s.fc1), L.free(s.act);
+  } else {
+    L.alloc(s.fc1), L.alloc(s.act), L.free(s.act), L.free(s.sp_Xf());
+  }
+  region_exit(L, s);                       // fc1's input gradient: dln2
   L.alloc(s.X);                            // dh
   L.free(s.act + s.fc1 + s.X + s.sp_Xf());  // act, fc1, ln2, ln2_full
-  L.alloc(s.sp_Xf());                      // dh gathered
-  L.alloc(s.att), L.alloc(s.qkv);          // datt, dqkv
+  L.alloc(s.sp_Xf()), L.alloc(s.att), L.free(s.sp_Xf());  // dh gathered for proj's backward, datt
+  L.alloc(s.qkv);                          // dqkv
   L.alloc(s.ring_bwd), L.free(s.ring_bwd);  // context parallelism's ring
   L.free(s.lse + s.att);
-  L.alloc(s.Xf), L.alloc(s.sp_X());        // dln1_full, dln1
+  region_exit(L, s);                       // qkv's input gradient: dln1
   L.alloc(s.X);                            // dx
   L.free(3 * s.X + s.sp_Xf() + s.qkv + 2 * s.stats);  // the rest of the cache: input, ln1, ln1_full, qkv, h
-  L.free(2 * s.sp_Xf() + s.fc1 + 2 * s.Xf + 2 * s.sp_X() + s.X + s.att + s.qkv);  // the locals
+  L.free(s.fc1 + 2 * s.out() + s.X + s.att + s.qkv);  // the locals: dfc1, dln2, dln1, dh, datt, dqkv
 }
 
 struct ChunkShape {

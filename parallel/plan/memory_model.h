@@ -58,6 +58,9 @@ struct LayoutSpec {
   int tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1;
   int64_t micro_batch = 1, global_batch = 1;
   bool sequence_parallel = false;
+  // parallel.tp_comm_overlap: the region's reduce-scatters run row block by row block (model/tp_overlap.h),
+  // which holds more transient blocks. Memory only; whether the transfers hide is `overlaps.tp`.
+  bool tp_comm_overlap = false;
   bool distributed_optimizer = false;
   Recompute recompute = Recompute::None;
   DType dtype = DType::F32;

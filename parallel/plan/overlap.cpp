@@ -30,7 +30,7 @@ std::string Overlaps::str() const {
   return out.empty() ? "none" : out;
 }
 
-Overlaps gpt_train_overlaps(const std::string& backend) {
+Overlaps gpt_train_overlaps(const std::string& backend, bool tp_comm_overlap) {
   Overlaps o;
   // The trainer starts each gradient bucket's reduction during the last microbatch's backward as soon as
   // the bucket is complete (parallel.overlap_grad_reduce, parallel/data_parallel/grad_buckets.h). On CUDA it runs on the
@@ -38,6 +38,9 @@ Overlaps gpt_train_overlaps(const std::string& backend) {
   // MPI's non-blocking collectives advance only inside MPI calls (the bucket reducer tests them as later
   // buckets start), so a CPU run is taken to hide nothing.
   o.grad_reduce = backend == "cuda";
+  // parallel.tp_comm_overlap sends its row blocks on NCCL's per-peer streams beside the GEMMs on CUDA; on
+  // the CPU the same exchanges advance only inside MPI calls, so they hide nothing there either.
+  o.tp = backend == "cuda" && tp_comm_overlap;
   return o;
 }
 
@@ -47,9 +50,9 @@ Overlaps megatron_core_overlaps() {
   return o;
 }
 
-Overlaps parse_overlaps(const std::string& text, const std::string& backend) {
+Overlaps parse_overlaps(const std::string& text, const std::string& backend, bool tp_comm_overlap) {
   if (text == "none") return Overlaps{};
-  if (text == "gpt-train") return gpt_train_overlaps(backend);
+  if (text == "gpt-train") return gpt_train_overlaps(backend, tp_comm_overlap);
   if (text == "megatron-core") return megatron_core_overlaps();
   Overlaps o;
   std::stringstream in(text);

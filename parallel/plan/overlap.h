@@ -34,16 +34,17 @@ struct Overlaps {
 };
 
 // What gpt-train itself overlaps on a backend ("cpu" or "cuda"): nothing on the CPU; on CUDA the
-// data-parallel gradient reduction, launched per bucket during the last microbatch's backward.
-Overlaps gpt_train_overlaps(const std::string& backend);
+// data-parallel gradient reduction, launched per bucket during the last microbatch's backward, and with
+// `tp_comm_overlap` (parallel.tp_comm_overlap) the tensor-parallel collectives pipelined with the GEMMs.
+Overlaps gpt_train_overlaps(const std::string& backend, bool tp_comm_overlap = false);
 // Megatron-Core with --tp-comm-overlap --overlap-grad-reduce --overlap-param-gather and its default
 // p2p overlap of the interleaved schedule.
 Overlaps megatron_core_overlaps();
 
-// Parses the value of `plan --overlap`: none, gpt-train (for `backend`), megatron-core, or a
+// Parses the value of `plan --overlap`: none, gpt-train (for `backend` and `tp_comm_overlap`), megatron-core, or a
 // comma-separated list of tp, grad-reduce, param-gather, p2p. Throws std::invalid_argument naming the
 // flag and the accepted names.
-Overlaps parse_overlaps(const std::string& text, const std::string& backend);
+Overlaps parse_overlaps(const std::string& text, const std::string& backend, bool tp_comm_overlap = false);
 
 // Rejects a set that can apply to no layout of the search: tp overlap without sequence parallelism
 // (Megatron-Core asserts the same), param-gather without the distributed optimizer or without

@@ -83,6 +83,7 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
               l.p2p_scatter_gather = o.p2p_scatter_gather;
               l.materialized_attention = o.materialized_attention;
               l.overlaps = applicable_overlaps(o.overlaps, l);
+              l.tp_comm_overlap = l.overlaps.tp;  // overlapped tp collectives take the row-block path
               l.checkpoint_snapshot = o.checkpoint_snapshot;
               l.snapshot_optimizer_state = o.snapshot_optimizer_state;
               plan.layouts.push_back(evaluate_layout(m, l, hw, o.send_buffers));

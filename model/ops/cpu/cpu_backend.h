@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                        Tensor* db) override;
+  void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean,
                          Tensor& rstd, float eps) override;

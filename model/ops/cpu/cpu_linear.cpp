@@ -65,6 +65,16 @@ void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const 
   matmul(s, a.at(), b.at(), c.ptr, bias);
 }
 
+// dx[rows, in] = dy . w, dy already read as the product's operand.
+void input_gradient(const ops::LinearDims& d, const ProductOperand& dyo, const Tensor& w, bool bf16, Tensor& dx,
+                    const char* op) {
+  require_numel(dx, d.rows * d.in, op, "dx", shape_str({d.rows, d.in}));
+  const ProductOperand wo(w, bf16, op, "w");
+  Output dxo(dx, bf16, op, "dx");
+  product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxo.dest());  // d.out = 0: zeros
+  dxo.commit();
+}
+
 }  // namespace
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
@@ -94,13 +104,7 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
   const ProductOperand dyo(dy, bf16, op, "dy"), xo(x, bf16, op, "x");
   const bool work = d.rows > 0 && d.in > 0 && d.out > 0;
 
-  if (dx) {
-    require_numel(*dx, d.rows * d.in, op, "dx", "x's shape " + shape_str(x.shape()));
-    const ProductOperand wo(w, bf16, op, "w");
-    Output dxo(*dx, bf16, op, "dx");
-    product(false, false, d.rows, d.in, d.out, dyo, wo, 0.f, dxo.dest());  // d.out = 0: zeros
-    dxo.commit();
-  }
+  if (dx) input_gradient(d, dyo, w, bf16, *dx, op);
 
   F32Output dwf(dw, true, op, "dw");
   if (work) product(true, false, d.out, d.in, d.rows, dyo, xo, 1.f, {dwf.get(), MatType::F32});
@@ -143,6 +147,15 @@ std::string CpuBackend::dtype_warning(DType compute) const {
   return "this CPU has no bf16 dot-product instructions (oneDNN runs " + cpu::matmul_isa() +
          "), so bf16 products are emulated or run on fp32 copies and are slower than fp32; use "
          "precision.dtype=fp32 here";
+}
+
+void CpuBackend::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  const char* op = "linear_backward_input";
+  const ops::LinearDims d = ops::check_linear(kChecks, dx, w, op);  // dx has the layer input's shape
+  require_numel(dy, d.rows * d.out, op, "dy", shape_str({d.rows, d.out}));
+  const bool bf16 = use_bf16_gemm(w);
+  const ProductOperand dyo(dy, bf16, op, "dy");
+  input_gradient(d, dyo, w, bf16, dx, op);
 }
 
 }  // namespace gpt

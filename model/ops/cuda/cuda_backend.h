@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor& dw,
                        Tensor* db) override;
+  void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
   // cuBLASLt's GELU_AUX(_BIAS) and DGELU epilogues; the composed default where cuBLASLt declines.
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act) override;
   void linear_dgelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& pre, Tensor& dpre,
@@ -234,6 +235,9 @@ class CudaBackend final : public Backend {
   std::map<std::string, Tensor> device_copies_;
   // y[r, o] = b[o] for a [rows, out] y (the linear layer's bias on the cublasGemmEx path).
   void broadcast_bias(const Tensor& b, Tensor& y, int64_t rows, int64_t out, const char* op);  // cached_device_copy: host bytes -> device copy
+  // dx = dy . w for linear_backward and linear_backward_input, dy already in the product dtype `ab`.
+  void input_gradient(const ops::LinearDims& d, const Tensor& dy, const Tensor& w, DType ab, Tensor& dx,
+                      const char* op);
   // The attention path (cudnn_attention.cpp): an AttentionPath there, and cuDNN's state.
   int attention_path_ = 0;
   struct CudnnState {

@@ -126,15 +126,7 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   Tensor dy_dw = work ? as_dtype(dy, ab_dw) : dy;
   Tensor dy_dx = ab_dx == ab_dw ? dy_dw : (work && dx ? as_dtype(dy, ab_dx) : dy);
 
-  if (dx) {
-    if (work) {
-      Tensor wa = as_dtype(w, ab_dx);
-      GemmArgs g = input_grad_product(d, dy_dx, wa, ab_dx, *dx);
-      if (!lt_gemm(g, LtEpilogue::None, nullptr, DType::F32, op)) gemm(g, op);
-    } else {
-      fill(*dx, 0.f);
-    }
-  }
+  if (dx) input_gradient(d, dy_dx, w, ab_dx, *dx, op);
 
   bool db_done = false;
   if (work) {
@@ -164,6 +156,28 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     column_partial_sums(dy.raw(), dy.dtype(), d.rows, d.out, partials.f32(), stream_);
     add_partial_sums(partials.f32(), chunks, d.out, db->raw(), db->dtype(), stream_);
   }
+}
+
+void CudaBackend::input_gradient(const ops::LinearDims& d, const Tensor& dy, const Tensor& w, DType ab, Tensor& dx,
+                                 const char* op) {
+  if (d.rows > 0 && d.in > 0 && d.out > 0) {
+    Tensor wa = as_dtype(w, ab);
+    GemmArgs g = input_grad_product(d, dy, wa, ab, dx);
+    if (!lt_gemm(g, LtEpilogue::None, nullptr, DType::F32, op)) gemm(g, op);
+  } else {
+    fill(dx, 0.f);
+  }
+}
+
+void CudaBackend::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  const char* op = "linear_backward_input";
+  const ops::LinearDims d = ops::check_linear(kChecks, dx, w, op);  // dx has the layer input's shape
+  require_float(dy, op, "dy");
+  require_numel(dy, d.rows * d.out, op, "dy", shape_str({d.rows, d.out}));
+  require_float(dx, op, "dx");
+  const DType ab = product_dtype(dy.dtype(), w.dtype());
+  const bool work = d.rows > 0 && d.in > 0 && d.out > 0;
+  input_gradient(d, work ? as_dtype(dy, ab) : dy, w, ab, dx, op);
 }
 
 void CudaBackend::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre, Tensor& act) {

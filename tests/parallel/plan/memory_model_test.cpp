@@ -229,6 +229,7 @@ struct Case {
   int64_t global_batch = 8;  // microbatches of 2
   bool llama = false;        // llama_config() instead of small_config()
   int cp = 1;                // context parallelism: the ring attention's transients, seq_length / cp tokens
+  bool tp_overlap = false;   // parallel.tp_comm_overlap: the row-block reduce-scatters' transients
 };
 
 Config case_config(const Case& k) {
@@ -240,6 +241,7 @@ Config case_config(const Case& k) {
   cfg.parallel.virtual_pipeline = k.vpp;
   cfg.parallel.distributed_optimizer = k.zero1;
   cfg.parallel.sequence_parallel = k.sp;
+  cfg.parallel.tp_comm_overlap = k.tp_overlap;
   cfg.training.recompute = k.recompute;
   cfg.precision.dtype = k.dtype;
   cfg.training.global_batch_size = k.global_batch;
@@ -256,7 +258,7 @@ void check_case(const Case& k) {
   ParallelState ps = mpi_parallel_state(GridLayout(size, k.tp, k.pp, k.dp, k.cp), *group);
   std::string what = std::string(k.llama ? "llama " : "") + (k.cp > 1 ? "cp" + std::to_string(k.cp) + " " : "") +
                      std::to_string(k.tp) + "x" + std::to_string(k.pp) + "x" + std::to_string(k.dp) + " vpp" +
-                     std::to_string(k.vpp) + (k.zero1 ? " zero1" : "") + (k.sp ? " sp" : "") + " " + k.dtype +
+                     std::to_string(k.vpp) + (k.zero1 ? " zero1" : "") + (k.sp ? " sp" : "") + (k.tp_overlap ? " tp-overlap" : "") + " " + k.dtype +
                      " recompute=" + k.recompute + " stage " + std::to_string(ps.pp_rank());
   try {
     check(cfg, ps, what);
@@ -319,3 +321,14 @@ TEST(MemoryModelLayouts, LlamaContext4FullRecompute) {
   check_case({1, 1, 1, 1, false, false, "full", "bf16", 8, true, 4});
 }
 TEST(MemoryModelLayouts, LlamaContextPipeline) { check_case({1, 2, 1, 1, false, false, "none", "fp32", 8, true, 2}); }
+// The tensor-parallel overlap: each reduce-scatter holds 2 tp - 1 row blocks, the fp32 sum and its
+// rounded copy while it runs; GELU's backward finishes fc2's input gradient before dfc1.
+TEST(MemoryModelLayouts, TensorSequenceParallelOverlap) {
+  check_case({2, 1, 1, 1, false, true, "none", "fp32", 8, false, 1, true});
+}
+TEST(MemoryModelLayouts, LlamaFourRanksMixedOverlapBf16) {
+  check_case({2, 2, 1, 1, false, true, "selective", "bf16", 8, true, 1, true});
+}
+TEST(MemoryModelLayouts, TensorFourOverlapBf16) {
+  check_case({4, 1, 1, 1, false, true, "none", "bf16", 8, false, 1, true});
+}

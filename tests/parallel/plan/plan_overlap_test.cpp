@@ -45,6 +45,8 @@ TEST(PlannerOverlap, NamesAndPresets) {
   EXPECT_EQ(parse_overlaps("none", "cuda").str(), "none");
   EXPECT_EQ(parse_overlaps("gpt-train", "cpu").str(), "none");
   EXPECT_EQ(parse_overlaps("gpt-train", "cuda").str(), "grad-reduce");
+  EXPECT_EQ(parse_overlaps("gpt-train", "cuda", true).str(), "tp,grad-reduce");
+  EXPECT_EQ(parse_overlaps("gpt-train", "cpu", true).str(), "none");
   EXPECT_EQ(parse_overlaps("megatron-core", "cpu").str(), "tp,grad-reduce,param-gather,p2p");
   EXPECT_EQ(parse_overlaps("p2p,tp", "cpu").str(), "tp,p2p");
   EXPECT_NE(error_of([] { parse_overlaps("dp", "cpu"); }).find("--overlap: unknown overlap 'dp'"), std::string::npos);
