@@ -7,7 +7,8 @@
 #      rank on the one GPU and the groups host-staged over MPI (parallel.communicator mpi), when an
 #      mpirun can start (the machine's, or the carried orterun/orted); then the context-parallel test
 #      (tests/parallel/grid/context_parallel_test.cpp: gradients and fp32/bf16 runs at context 2 and 4, ring attention on
-#      the CUDA block ops) likewise; then the NCCL communicator on one rank;
+#      the CUDA block ops) likewise; then the NCCL communicator on one rank; then the tensor-parallel
+#      overlap (tests/parallel/grid/tp_overlap_test.cpp: tensor 2 and 4, overlap against plain) on 8 ranks;
 #   4. throughput of a GPT-2 124M-like and a GPT-3 1.3B-like model on one GPU in bf16 with synthetic
 #      data: tokens/s, TFLOP/s, MFU, first and last loss and grad norm, NaN or skipped steps, memory;
 #   4c. where the 1.3B step's GPU time goes, op by op (GPT_CUDA_PROFILE=1, 4 iterations);
@@ -76,8 +77,8 @@ pack() {
   cmake -S "$ROOT" -B "$BUILD" -DGPT_CUDA=ON -DCMAKE_BUILD_TYPE=Portable \
     -DCMAKE_CXX_FLAGS="-O3 -DNDEBUG -march=x86-64-v3" -DCMAKE_CUDA_FLAGS="-O3 -DNDEBUG" \
     -DCMAKE_CUDA_ARCHITECTURES="80;90" >"$LOG/configure.log" 2>&1 || { tail -20 "$LOG/configure.log"; exit 1; }
-  say "building gpt-train cuda_ops_test nccl_test layout_test context_parallel_test"
-  cmake --build "$BUILD" -j"${JOBS:-2}" --target gpt-train cuda_ops_test nccl_test layout_test context_parallel_test >"$LOG/build.log" 2>&1 ||
+  say "building gpt-train cuda_ops_test nccl_test layout_test context_parallel_test tp_overlap_test"
+  cmake --build "$BUILD" -j"${JOBS:-2}" --target gpt-train cuda_ops_test nccl_test layout_test context_parallel_test tp_overlap_test >"$LOG/build.log" 2>&1 ||
     { grep -E "error" -A3 "$LOG/build.log" | head -40; exit 1; }
   local stage=$BUILD/stage
   rm -rf "$stage" "$CARRY"
@@ -87,6 +88,7 @@ pack() {
   strip -o "$stage/bin/nccl_test" "$BUILD/tests/nccl_test"
   strip -o "$stage/bin/layout_test" "$BUILD/tests/layout_test"
   strip -o "$stage/bin/context_parallel_test" "$BUILD/tests/context_parallel_test"
+  strip -o "$stage/bin/tp_overlap_test" "$BUILD/tests/tp_overlap_test"
   # OpenMPI's launcher and daemon, for step 3 on a machine without its own mpirun (best effort).
   cp -L "$(command -v orterun)" "$stage/bin/mpirun" 2>/dev/null && cp -L "$(command -v orted)" "$stage/bin/orted" 2>/dev/null
   local plugins
@@ -135,6 +137,7 @@ setup_binaries() {
     NCCL_TEST=$BIN/bin/nccl_test
     LAYOUT_TEST=$BIN/bin/layout_test
     CONTEXT_TEST=$BIN/bin/context_parallel_test
+    TP_OVERLAP_TEST=$BIN/bin/tp_overlap_test
     command -v mpirun >/dev/null || { [ -x "$BIN/bin/mpirun" ] && export PATH="$PATH:$BIN/bin"; }
     export LD_LIBRARY_PATH="$BIN/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export OMPI_MCA_mca_base_component_path=$BIN/openmpi
@@ -146,13 +149,14 @@ setup_binaries() {
   else
     say "no carried bundle: building from source in $BUILD"
     cmake -S "$ROOT" -B "$BUILD" -DGPT_CUDA=ON >"$LOG/configure.log" 2>&1 || { tail -20 "$LOG/configure.log"; exit 1; }
-    timeout $(($(left) - 300)) cmake --build "$BUILD" -j"$(nproc)" --target gpt-train cuda_ops_test nccl_test layout_test context_parallel_test \
+    timeout $(($(left) - 300)) cmake --build "$BUILD" -j"$(nproc)" --target gpt-train cuda_ops_test nccl_test layout_test context_parallel_test tp_overlap_test \
       >"$LOG/build.log" 2>&1 || { grep -E "error" -A3 "$LOG/build.log" | head -40; exit 1; }
     GPT_TRAIN=$BUILD/gpt-train
     OPS_TEST=$BUILD/tests/cuda_ops_test
     NCCL_TEST=$BUILD/tests/nccl_test
     LAYOUT_TEST=$BUILD/tests/layout_test
     CONTEXT_TEST=$BUILD/tests/context_parallel_test
+    TP_OVERLAP_TEST=$BUILD/tests/tp_overlap_test
     export LD_LIBRARY_PATH="$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
@@ -291,6 +295,12 @@ one_gpu_context() {
     "worst gradient"
 }
 
+# tests/parallel/grid/tp_overlap_test.cpp: parallel.tp_comm_overlap against the plain tensor-parallel region
+# at tensor 2 and 4 with sequence parallelism, on the GPU's GEMMs over host-staged groups.
+one_gpu_tp_overlap() {
+  one_gpu_mpi_test 3d tp_overlap_test "${TP_OVERLAP_TEST:-}" 90 '*Training*'
+}
+
 # 10 training steps of the tiny model in fp32 on the CPU and on the GPU: the losses must agree.
 cuda_vs_cpu_training() {
   local sets=(--set training.train_iters=10 --set eval.interval=0 --set checkpoint.dir= --set logging.interval=1
@@ -372,7 +382,7 @@ run_checks() {
   say "attention against the CPU, both CUDA paths (worst |gpu - cpu| / (|cpu| + rms))"
   grep -E "^\[error\] (lse|out|dqkv)" "$LOG/cuda_ops_test.log" | sed 's/^\[error\] //'
   grep -E "attention: not on cuDNN" "$LOG/cuda_ops_test.log" | head -2
-  local train_rc=skipped nccl_rc=skipped layout_rc=skipped context_rc=skipped
+  local train_rc=skipped nccl_rc=skipped layout_rc=skipped context_rc=skipped tp_overlap_rc=skipped
   if [ "$QUICK" = no ]; then
     # 2. Ten training steps on the GPU against the CPU.
     timed "2. 10-step training, CUDA against CPU (tiny model, fp32)" cuda_vs_cpu_training
@@ -384,6 +394,8 @@ run_checks() {
     context_rc=$?
     timed "3c. nccl_test (one rank)" gtest_step nccl_test "$NCCL_TEST" 60
     nccl_rc=$?
+    timed "3d. tp_overlap_test, 8 ranks on one GPU (tensor 2 and 4 with the overlap against without)" one_gpu_tp_overlap
+    tp_overlap_rc=$?
   fi
   # 4. Throughput and memory.
   #                     name      config                           micro iters timeout save
@@ -415,7 +427,7 @@ run_checks() {
 
   {
     echo
-    echo "GPU tests: cuda_ops_test exit $ops_rc, CUDA-vs-CPU training exit $train_rc, one-GPU layouts exit $layout_rc, one-GPU context parallelism exit $context_rc, nccl_test exit $nccl_rc" \
+    echo "GPU tests: cuda_ops_test exit $ops_rc, CUDA-vs-CPU training exit $train_rc, one-GPU layouts exit $layout_rc, one-GPU context parallelism exit $context_rc, nccl_test exit $nccl_rc, one-GPU tp overlap exit $tp_overlap_rc" \
          "(logs in $LOG)"
     echo "generate (gpt2-124m, bf16, cached decoding): $generated"
     echo "async checkpoint save (gpt2-1.3b, weights + fp32 masters): $STALL"

@@ -30,6 +30,10 @@ TEST_P(CudaVsCpuDtype, LinearForwardBackward) {
   cpu->linear_backward(dy.c, x.c, w.c, nullptr, dw.c, nullptr);
   gpu->linear_backward(dy.g, x.g, w.g, nullptr, dw.g, nullptr);
   expect_close(dw, tol(dt), "dw without dx and db");
+  Pair dx_alone = empty({N, in}, dt);  // the input gradient on its own (the tensor-parallel overlap's blocks)
+  cpu->linear_backward_input(dy.c, w.c, dx_alone.c);
+  gpu->linear_backward_input(dy.g, w.g, dx_alone.g);
+  expect_close(dx_alone, tol(dt), "dx alone");
 }
 
 // The MLP's fc1 + GELU and fc2's backward through GELU (cuBLASLt's GELU_AUX_BIAS and DGELU epilogues)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -226,6 +227,46 @@ TEST(GemmTest, Bf16LinearLayerMatchesFp32PathOnBf16Values) {
   close(dx16, dx32, "dx");
   close(dw16, dw32, "dw");
   close(db16, db32, "db");
+}
+
+// What the tensor-parallel overlap (model/tp_overlap.h) relies on for its bit-for-bit equality with the
+// plain region: a row block of a linear layer's output, or of its input gradient (linear_backward_input),
+// computed on its own is the same bits as those rows of the whole product, and linear_backward_input is
+// linear_backward's dx; fp32 and bf16, with row blocks as a tp group of 2, 4 and 8 cuts them.
+TEST(GemmTest, RowBlocksOfALinearLayerAreTheWholeProductsRows) {
+  auto be = make_backend("cpu");
+  const int64_t rows = 64, in = 96, out = 80;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist;
+  for (DType d : {DType::F32, DType::BF16}) {
+    auto make = [&](Shape s) {
+      std::vector<float> v(static_cast<size_t>(s[0] * (s.size() > 1 ? s[1] : 1)));
+      for (auto& x : v) x = dist(rng);
+      Tensor f = be->empty(s), t = be->empty(s, d);
+      be->upload(v.data(), f);
+      be->copy(f, t);
+      return t;
+    };
+    Tensor x = make({rows, in}), w = make({out, in}), b = make({out}), dy = make({rows, out});
+    Tensor y = be->empty({rows, out}, d), dx = be->empty({rows, in}, d), dx_alone = be->empty({rows, in}, d);
+    Tensor dw = be->zeros({out, in});
+    be->linear_forward(x, w, &b, y);
+    be->linear_backward(dy, x, w, &dx, dw, nullptr);
+    be->linear_backward_input(dy, w, dx_alone);
+    EXPECT_EQ(std::memcmp(dx.raw(), dx_alone.raw(), dx.bytes()), 0) << dtype_name(d);
+    for (int64_t blocks : {2, 4, 8}) {
+      const int64_t n = rows / blocks;
+      for (int64_t k = 0; k < blocks; ++k) {
+        Tensor yk = be->empty({n, out}, d), dxk = be->empty({n, in}, d);
+        be->linear_forward(x.rows(k * n, (k + 1) * n), w, &b, yk);
+        be->linear_backward_input(dy.rows(k * n, (k + 1) * n), w, dxk);
+        EXPECT_EQ(std::memcmp(yk.raw(), y.rows(k * n, (k + 1) * n).raw(), yk.bytes()), 0)
+            << dtype_name(d) << " y block " << k << " of " << blocks;
+        EXPECT_EQ(std::memcmp(dxk.raw(), dx.rows(k * n, (k + 1) * n).raw(), dxk.bytes()), 0)
+            << dtype_name(d) << " dx block " << k << " of " << blocks;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -8,16 +8,24 @@
 //    MLP is SwiGLU without biases), gives the same losses, gradient norms and final weights bit for bit
 //    in fp32 and in bf16: the overlap changes when the row blocks travel, never the arithmetic, since
 //    each oneDNN product row depends on its own input row only and the sums keep their order.
+//    GPT_TEST_BACKEND=cuda runs the training cases on the GPU (all ranks on one device, the groups
+//    host-staged over MPI), where cuBLAS may pick other kernels for a row block than for the whole
+//    product and the overlapped GELU backward is not cuBLASLt's epilogue: there the runs agree within
+//    the layout test's tolerances instead (fp32 1e-5 relative; bf16 2^-9 for losses, 64 x 2^-9 per
+//    tensor for weights).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "app/trainer.h"
 #include "model/tp_overlap.h"
 #include "parallel/comm/mpi_communicator.h"
+#include "parallel/grid/communicator_factory.h"
 #include "tests/error_of.h"
 #include "tests/llama_variants.h"
 
@@ -107,6 +115,11 @@ INSTANTIATE_TEST_SUITE_P(Groups, Collectives,
                                   (std::get<1>(info.param) == DType::F32 ? "_fp32" : "_bf16");
                          });
 
+std::string training_backend() {
+  const char* b = std::getenv("GPT_TEST_BACKEND");
+  return b && *b ? b : "cpu";
+}
+
 struct Layout {
   int tp, pp, dp;
   bool llama = false;
@@ -145,7 +158,8 @@ Run train(const Layout& l, const std::string& dtype, bool overlap) {
   validate_config(cfg);
   auto group = MpiCommunicator::split(MPI_COMM_WORLD, world_rank() / size, world_rank() % size, "layout");
   ParallelState ps = mpi_parallel_state(GridLayout(size, l.tp, l.pp, l.dp), *group);
-  auto be = make_backend("cpu");
+  auto be = make_backend(training_backend(), world_rank());
+  if (be->device() != Device::CPU) use_device_communicators(ps, *be, "mpi");
   Trainer trainer(cfg, ps, *be);
   Run r;
   for (auto& s : trainer.train()) {
@@ -168,14 +182,29 @@ void check(const Layout& l, const std::string& dtype) {
     MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks would wait forever in their next collective
   }
   ASSERT_EQ(without.losses.size(), 3u) << what;
-  EXPECT_EQ(with.losses, without.losses) << what;
-  EXPECT_EQ(with.norms, without.norms) << what;
+  ASSERT_EQ(with.losses.size(), without.losses.size()) << what;
   ASSERT_EQ(with.weights.size(), without.weights.size()) << what;
-  for (size_t k = 0; k < with.weights.size(); ++k) {
-    const auto& a = with.weights[k].second;
-    const auto& b = without.weights[k].second;
-    ASSERT_EQ(a.size(), b.size()) << what << " " << with.weights[k].first;
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " " << with.weights[k].first;
+  if (training_backend() == "cpu") {
+    EXPECT_EQ(with.losses, without.losses) << what;
+    EXPECT_EQ(with.norms, without.norms) << what;
+    for (size_t k = 0; k < with.weights.size(); ++k) {
+      const auto& a = with.weights[k].second;
+      const auto& b = without.weights[k].second;
+      ASSERT_EQ(a.size(), b.size()) << what << " " << with.weights[k].first;
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " " << with.weights[k].first;
+    }
+  } else {
+    const double u = dtype == "fp32" ? 1e-5 : std::ldexp(1.0, -9), weight_tol = dtype == "fp32" ? 1e-5 : 64 * u;
+    for (size_t i = 0; i < with.losses.size(); ++i)
+      EXPECT_NEAR(with.losses[i], without.losses[i], u * std::abs(without.losses[i])) << what << " step " << i + 1;
+    for (size_t k = 0; k < with.weights.size(); ++k) {
+      const auto& a = with.weights[k].second;
+      const auto& b = without.weights[k].second;
+      ASSERT_EQ(a.size(), b.size()) << what << " " << with.weights[k].first;
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) num += double(a[i] - b[i]) * (a[i] - b[i]), den += double(b[i]) * b[i];
+      EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), weight_tol) << what << " " << with.weights[k].first;
+    }
   }
   // The runs learn (the comparison is not between two untouched initialisations).
   EXPECT_LT(without.losses.back(), without.losses.front()) << what;
