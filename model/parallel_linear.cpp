@@ -95,12 +95,11 @@ void ColumnParallelLinear::forward_with_entry(LayerContext& ctx, const Tensor& x
     forward(ctx, x_full, y);
     return;
   }
-  x_full = ctx.backend.empty({x.dim(0) * ctx.tp.size(), x.dim(1)}, x.dtype());
-  y = ctx.backend.empty({x_full.dim(0), out_local_}, x.dtype());
+  y = ctx.backend.empty({x.dim(0) * ctx.tp.size(), out_local_}, x.dtype());
   const Tensor* b = bias_ ? &bias_->value : nullptr;
-  gather_rows_overlapped(ctx, x, x_full, [&](int64_t r0, int64_t r1) {
+  x_full = gather_rows_overlapped(ctx, x, [&](int64_t r0, int64_t r1, const Tensor& x_rows) {
     Tensor y_rows = y.rows(r0, r1);
-    ctx.backend.linear_forward(x_full.rows(r0, r1), weight_->value, b, y_rows);
+    ctx.backend.linear_forward(x_rows, weight_->value, b, y_rows);
   });
 }
 
@@ -111,13 +110,12 @@ void ColumnParallelLinear::forward_gelu_with_entry(LayerContext& ctx, const Tens
     forward_gelu(ctx, x_full, pre, act);
     return;
   }
-  x_full = ctx.backend.empty({x.dim(0) * ctx.tp.size(), x.dim(1)}, x.dtype());
-  pre = ctx.backend.empty({x_full.dim(0), out_local_}, x.dtype());
-  act = ctx.backend.empty({x_full.dim(0), out_local_}, x.dtype());
+  pre = ctx.backend.empty({x.dim(0) * ctx.tp.size(), out_local_}, x.dtype());
+  act = ctx.backend.empty(pre.shape(), x.dtype());
   const Tensor* b = bias_ ? &bias_->value : nullptr;
-  gather_rows_overlapped(ctx, x, x_full, [&](int64_t r0, int64_t r1) {
+  x_full = gather_rows_overlapped(ctx, x, [&](int64_t r0, int64_t r1, const Tensor& x_rows) {
     Tensor pre_rows = pre.rows(r0, r1), act_rows = act.rows(r0, r1);
-    ctx.backend.linear_gelu_forward(x_full.rows(r0, r1), weight_->value, b, pre_rows, act_rows);
+    ctx.backend.linear_gelu_forward(x_rows, weight_->value, b, pre_rows, act_rows);
   });
 }
 
@@ -157,11 +155,10 @@ namespace {
 void row_backward_overlapped(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Parameter& weight,
                              Parameter* bias, Tensor& dx_local) {
   Backend& be = ctx.backend;
-  Tensor dy_full = be.empty({dy.dim(0) * ctx.tp.size(), dy.dim(1)}, dy.dtype());
   dx_local = be.empty(x_local.shape(), x_local.dtype());
-  gather_rows_overlapped(ctx, dy, dy_full, [&](int64_t r0, int64_t r1) {
+  Tensor dy_full = gather_rows_overlapped(ctx, dy, [&](int64_t r0, int64_t r1, const Tensor& dy_rows) {
     Tensor dx_rows = dx_local.rows(r0, r1);
-    be.linear_backward_input(dy_full.rows(r0, r1), weight.value, dx_rows);
+    be.linear_backward_input(dy_rows, weight.value, dx_rows);
   });
   be.linear_backward(dy_full, x_local, weight.value, nullptr, weight.grad, bias ? &bias->grad : nullptr);
 }

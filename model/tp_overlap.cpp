@@ -1,6 +1,7 @@
 // The overlapped all-gather and reduce-scatter of the tensor-parallel region (see tp_overlap.h).
 #include "model/tp_overlap.h"
 
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,8 @@ namespace {
 constexpr int kGatherTag = 7100;
 constexpr int kScatterTag = 7200;
 
+std::atomic<int64_t> row_blocks{0};
+
 int64_t block_rows(const LayerContext& ctx, int64_t rows_full, const char* what) {
   const int tp = ctx.tp.size();
   if (rows_full % tp != 0)
@@ -23,16 +26,16 @@ int64_t block_rows(const LayerContext& ctx, int64_t rows_full, const char* what)
 }
 }  // namespace
 
+int64_t tp_overlap_row_blocks() { return row_blocks.load(); }
+
 bool tp_overlap_applies(const LayerContext& ctx) {
   return ctx.tp_comm_overlap && ctx.sequence_parallel && ctx.tp.size() > 1;
 }
 
-void gather_rows_overlapped(LayerContext& ctx, const Tensor& shard, Tensor& full, const RowBlockOp& op) {
+Tensor gather_rows_overlapped(LayerContext& ctx, const Tensor& shard, const RowBlockOp& op) {
   const int tp = ctx.tp.size(), r = ctx.tp.rank();
   const int64_t n = shard.dim(0);
-  if (full.dim(0) != n * tp || full.numel() != shard.numel() * tp || full.dtype() != shard.dtype())
-    throw std::invalid_argument("tensor-parallel overlap (all-gather): the gathered tensor must hold " +
-                                std::to_string(tp) + " x the shard's " + std::to_string(n) + " rows in its dtype");
+  Tensor full = ctx.backend.empty({n * tp, shard.dim(1)}, shard.dtype());
   Tensor own = full.rows(r * n, (r + 1) * n);
   ctx.backend.copy(shard, own);
   // Step s: this rank holds block (r - s) mod tp; it sends it on to r + 1 and receives block
@@ -46,9 +49,11 @@ void gather_rows_overlapped(LayerContext& ctx, const Tensor& shard, Tensor& full
       in = full.rows(incoming * n, (incoming + 1) * n);
       exchange = ctx.tp.exchange_async(full.rows(held * n, (held + 1) * n), next, in, prev, kGatherTag + s);
     }
-    op(held * n, (held + 1) * n);
+    op(held * n, (held + 1) * n, full.rows(held * n, (held + 1) * n));
     if (exchange) exchange->wait();
   }
+  row_blocks += tp;
+  return full;
 }
 
 Tensor reduce_scatter_rows_overlapped(LayerContext& ctx, int64_t rows_full, int64_t cols, DType dtype,
@@ -72,6 +77,7 @@ Tensor reduce_scatter_rows_overlapped(LayerContext& ctx, int64_t rows_full, int6
   produce(r * n, (r + 1) * n, parts[r]);
   if (meanwhile) meanwhile();
   for (auto& e : exchanges) e->wait();
+  row_blocks += tp;
   // The rank-order sum in fp32, rounded once into a 16-bit result.
   Tensor sum = be.empty({n, cols}, DType::F32);
   be.copy(parts[0], sum);

@@ -24,18 +24,22 @@ namespace gpt {
 // Whether the region's collectives run overlapped here: the option on, sequence parallelism, tp > 1.
 bool tp_overlap_applies(const LayerContext& ctx);
 
-// Computes rows [row_begin, row_end) of an output from the same rows of the gathered input.
-using RowBlockOp = std::function<void(int64_t row_begin, int64_t row_end)>;
+// Computes rows [row_begin, row_end) of an output from `rows`, the same rows of the gathered input.
+using RowBlockOp = std::function<void(int64_t row_begin, int64_t row_end, const Tensor& rows)>;
 // Writes rows [row_begin, row_end) of a full-row partial-sum tensor into `block` ([row_end - row_begin, C]).
 using RowBlockProducer = std::function<void(int64_t row_begin, int64_t row_end, Tensor& block)>;
 
-// full [tp * shard rows, C] receives every rank's shard (shard rank k at row block k, as all_gather);
-// op runs once on each row block, in the order the blocks arrive (this rank's own first).
-void gather_rows_overlapped(LayerContext& ctx, const Tensor& shard, Tensor& full, const RowBlockOp& op);
+// Returns [tp * shard rows, C] holding every rank's shard (rank k's at row block k, as all_gather); op
+// runs once on each row block, in the order the blocks arrive (this rank's own first).
+Tensor gather_rows_overlapped(LayerContext& ctx, const Tensor& shard, const RowBlockOp& op);
 
 // Returns this rank's row block [rows_full / tp, cols] (dtype) of the group's sum of the full partial
 // tensors that `produce` defines block by block.
 Tensor reduce_scatter_rows_overlapped(LayerContext& ctx, int64_t rows_full, int64_t cols, DType dtype,
                                       const RowBlockProducer& produce, const std::function<void()>& meanwhile = {});
+
+// Row blocks that went through either function in this process so far (logs; the tests check that the
+// overlapped path ran).
+int64_t tp_overlap_row_blocks();
 
 }  // namespace gpt

@@ -2,7 +2,9 @@
 // its MPI_Comm (made by duplicating or splitting a parent, freed on destruction) and sets MPI_ERRORS_RETURN
 // on it, so an MPI failure becomes a std::runtime_error naming the operation, the group, the rank and MPI's
 // own error string instead of aborting the job. Reductions (all_reduce, reduce_scatter) take F32, BF16 and
-// F16 tensors; 16-bit ones are reduced in fp32 and rounded back to nearest even once. Data movement
+// F16 tensors; 16-bit ones are reduced in fp32 and rounded back to nearest even once. reduce_scatter adds
+// the ranks' blocks in rank order (an Alltoall, then the owner's sum), the order model/tp_overlap.h's
+// overlapped reduce-scatter keeps, not the one MPI_Reduce_scatter would pick. Data movement
 // (all_gather, broadcast, send/recv) moves raw bytes and so takes any dtype (F32, BF16, F16, I32). Besides
 // the blocking point-to-point ops it offers non-blocking isend/irecv and a batched `exchange` that posts a
 // set of sends and receives together and waits for all of them: a pipeline stage that sends to its

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "app/trainer.h"
+#include "tests/same_weights.h"
 #include "parallel/data_parallel/data_parallel.h"
 #include "parallel/comm/mpi_communicator.h"
 
@@ -102,12 +103,7 @@ void check(const Layout& l, const std::string& dtype) {
   if (bit_identical) {
     EXPECT_EQ(with.losses, without.losses) << what;
     EXPECT_EQ(with.norms, without.norms) << what;
-    for (size_t k = 0; k < with.weights.size(); ++k) {
-      const auto& a = with.weights[k].second;
-      const auto& b = without.weights[k].second;
-      ASSERT_EQ(a.size(), b.size()) << what << " " << with.weights[k].first;
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " " << with.weights[k].first;
-    }
+    expect_same_weights(with.weights, without.weights, what);
   } else {
     const double u = dtype == "fp32" ? 1e-5 : std::ldexp(1.0, -9);
     const double weight_tol = dtype == "fp32" ? 1e-5 : 64 * u;

@@ -25,6 +25,8 @@
 #include "app/trainer.h"
 #include "model/tp_overlap.h"
 #include "parallel/comm/mpi_communicator.h"
+#include "tests/parallel/comm/comm_test_util.h"
+#include "tests/same_weights.h"
 #include "parallel/grid/communicator_factory.h"
 #include "tests/error_of.h"
 #include "tests/llama_variants.h"
@@ -32,17 +34,6 @@
 using namespace gpt;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-std::unique_ptr<Communicator> group_of(int size) {
-  const int r = world_rank();
-  return MpiCommunicator::split(MPI_COMM_WORLD, r / size, r % size, "tp");
-}
 
 Tensor random_tensor(Backend& be, int64_t rows, int64_t cols, DType dtype, unsigned seed) {
   std::mt19937 gen(seed);
@@ -65,7 +56,7 @@ class Collectives : public ::testing::TestWithParam<std::tuple<int, DType>> {};
 
 TEST_P(Collectives, MatchThePlainCollectives) {
   const auto [size, dtype] = GetParam();
-  auto tp = group_of(size);
+  auto tp = split_world(size, "tp");
   auto be = make_backend("cpu");
   LayerContext ctx{*be, *tp, true};
   ctx.tp_comm_overlap = true;
@@ -73,13 +64,14 @@ TEST_P(Collectives, MatchThePlainCollectives) {
   const int64_t n = 5, cols = 7, rank = tp->rank();
 
   Tensor shard = random_tensor(*be, n, cols, dtype, 100 + unsigned(world_rank()));
-  Tensor expected = be->empty({n * size, cols}, dtype), gathered = be->empty({n * size, cols}, dtype);
+  Tensor expected = be->empty({n * size, cols}, dtype);
   tp->all_gather(shard, expected);
   std::vector<int64_t> order;
-  gather_rows_overlapped(ctx, shard, gathered, [&](int64_t r0, int64_t r1) {
+  Tensor gathered = gather_rows_overlapped(ctx, shard, [&](int64_t r0, int64_t r1, const Tensor& rows) {
     EXPECT_EQ(r1 - r0, n);
+    EXPECT_EQ(rows.dim(0), n);
     // The block it is given has arrived already.
-    EXPECT_TRUE(same_bytes(gathered.rows(r0, r1), expected.rows(r0, r1))) << "block at row " << r0;
+    EXPECT_TRUE(same_bytes(rows, expected.rows(r0, r1))) << "block at row " << r0;
     order.push_back(r0 / n);
   });
   EXPECT_TRUE(same_bytes(gathered, expected));
@@ -128,7 +120,8 @@ struct Layout {
 
 struct Run {
   std::vector<double> losses, norms;
-  std::vector<std::pair<std::string, std::vector<float>>> weights;
+  GlobalWeights weights;
+  int64_t overlapped_row_blocks = 0;  // how many row blocks went through model/tp_overlap.h
 };
 
 Run train(const Layout& l, const std::string& dtype, bool overlap) {
@@ -162,10 +155,12 @@ Run train(const Layout& l, const std::string& dtype, bool overlap) {
   if (be->device() != Device::CPU) use_device_communicators(ps, *be, "mpi");
   Trainer trainer(cfg, ps, *be);
   Run r;
+  const int64_t blocks_before = tp_overlap_row_blocks();
   for (auto& s : trainer.train()) {
     r.losses.push_back(s.loss);
     r.norms.push_back(s.grad_norm);
   }
+  r.overlapped_row_blocks = tp_overlap_row_blocks() - blocks_before;
   r.weights = trainer.gather_global_params();
   return r;
 }
@@ -187,12 +182,7 @@ void check(const Layout& l, const std::string& dtype) {
   if (training_backend() == "cpu") {
     EXPECT_EQ(with.losses, without.losses) << what;
     EXPECT_EQ(with.norms, without.norms) << what;
-    for (size_t k = 0; k < with.weights.size(); ++k) {
-      const auto& a = with.weights[k].second;
-      const auto& b = without.weights[k].second;
-      ASSERT_EQ(a.size(), b.size()) << what << " " << with.weights[k].first;
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " " << with.weights[k].first;
-    }
+    expect_same_weights(with.weights, without.weights, what);
   } else {
     const double u = dtype == "fp32" ? 1e-5 : std::ldexp(1.0, -9), weight_tol = dtype == "fp32" ? 1e-5 : 64 * u;
     for (size_t i = 0; i < with.losses.size(); ++i)
@@ -206,6 +196,9 @@ void check(const Layout& l, const std::string& dtype) {
       EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), weight_tol) << what << " " << with.weights[k].first;
     }
   }
+  // The overlapped path ran, and only with the option on.
+  EXPECT_GT(with.overlapped_row_blocks, 0) << what;
+  EXPECT_EQ(without.overlapped_row_blocks, 0) << what;
   // The runs learn (the comparison is not between two untouched initialisations).
   EXPECT_LT(without.losses.back(), without.losses.front()) << what;
 }
