@@ -114,6 +114,8 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
            "on: pipeline sends split over the tensor-parallel ranks (Megatron-LM)");
   f.choice("--attention", o.attention, {"fused", "materialized"},
            "materialized: the 2021 unfused attention, whose scores, softmax and dropout cross memory");
+  f.choice("--loss", o.loss, {"fused", "unfused"},
+           "unfused: Megatron's cross entropy, whose cast, max, exp, sum and divide each pass over the logits");
   f.text("--overlap", o.overlap, "SET",
          "communication assumed to run beside compute: none, gpt-train (what gpt-train does on the config's "
          "backend; the default), megatron-core, or a list of tp, grad-reduce, param-gather, p2p");

@@ -496,6 +496,7 @@ int plan_main(const PlanCommandOptions& args) {
     o.grads_in_compute_dtype = args.grad_dtype == "compute";
     o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
     o.materialized_attention = args.attention == "materialized";
+    o.unfused_cross_entropy = args.loss == "unfused";
     o.overlaps = parse_overlaps(args.overlap, cfg.backend, cfg.parallel.tp_comm_overlap);
     const ModelDescription m = model_description_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);

@@ -2,6 +2,8 @@
 // cost lines beside the best layout's.
 #include "app/plan_explain.h"
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -28,6 +30,56 @@ const PlanEntry* find_choice(const Plan& plan, const LayoutChoice& c) {
   for (const PlanEntry& e : plan.layouts)
     if (is_choice(e.layout, c)) return &e;
   return nullptr;
+}
+
+// Whether a breakdown line is one of the step's parts (they add up to the step time), not a subtotal or
+// a hidden part.
+bool is_step_part(const CostLine& c) {
+  if (c.section == "compute") return c.label != "compute total";
+  return c.label == "exposed" || c.label == "bubble" || c.section == "optimizer";
+}
+
+// Rank (1-based) of the choice among the plan's fitting (tp, pp, dp, cp) choices, each by its fastest
+// variant; 0 when none of its variants fits.
+int choice_rank(const Plan& plan, const LayoutChoice& c, int* choices) {
+  std::vector<LayoutChoice> seen;
+  int rank = 0;
+  for (const PlanEntry& e : plan.layouts) {
+    if (!e.fits) break;
+    const LayoutChoice k{e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp};
+    bool dup = false;
+    for (const LayoutChoice& s : seen) dup = dup || (s.tp == k.tp && s.pp == k.pp && s.dp == k.dp && s.cp == k.cp);
+    if (dup) continue;
+    seen.push_back(k);
+    if (is_choice(e.layout, c)) rank = static_cast<int>(seen.size());
+  }
+  *choices = static_cast<int>(seen.size());
+  return rank;
+}
+
+// The summary read first: how far the asked choice is from the best, and the three parts of the step
+// that differ most between them.
+std::string why_lines(const Plan& plan, const LayoutChoice& c, const PlanEntry& mine, const PlanEntry& best,
+                      const std::vector<CostLine>& a, const std::vector<CostLine>& b) {
+  int choices = 0;
+  const int rank = choice_rank(plan, c, &choices);
+  std::string out = fmt::format("why: the asked choice is predicted {:.1f}% slower than the best ({}); the parts "
+                                "of the step that differ most, asked - best:\n",
+                                100 * (mine.time.step_s / best.time.step_s - 1),
+                                rank ? fmt::format("rank {} of {} fitting choices", rank, choices)
+                                     : std::string("it does not fit"));
+  std::vector<size_t> parts;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (is_step_part(a[i])) parts.push_back(i);
+  std::stable_sort(parts.begin(), parts.end(), [&](size_t x, size_t y) {
+    return std::abs(a[x].seconds - b[x].seconds) > std::abs(a[y].seconds - b[y].seconds);
+  });
+  for (size_t k = 0; k < parts.size() && k < 3; ++k) {
+    const size_t i = parts[k];
+    out += fmt::format("  {:+.4f} s  {}, {} ({:.4f} s against {:.4f} s)\n", a[i].seconds - b[i].seconds, a[i].section,
+                       a[i].label, a[i].seconds, b[i].seconds);
+  }
+  return out;
 }
 
 std::string overlap_lines(const Plan& plan, const LayoutSpec& l) {
@@ -96,6 +148,7 @@ std::string explain_layout(const Plan& plan, const ModelDescription& m, const La
     out += fmt::format("best:        {}\n", best->layout.str());
   else
     out += "best:        none fits in memory\n";
+  if (best) out += why_lines(plan, c, *mine, *best, a, b);
   out += "\n";
   const int width = 36;
   out += fmt::format("{:<{}} {:>12} {:>12} {:>12}\n", "per step, seconds (slowest stage)", width, "asked", "best",

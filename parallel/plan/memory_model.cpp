@@ -252,12 +252,13 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string LayoutSpec::str() const {
-  return fmt::format("tp={}{} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}", tp,
+  return fmt::format("tp={}{} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}{}", tp,
                      cp > 1 ? fmt::format(" cp={}", cp) : std::string(), pp, vpp, dp, micro_batch,
                      recompute_name(recompute), distributed_optimizer ? "on" : "off", sequence_parallel ? " sp" : "",
                      grad_dtype == DType::F32 ? "" : std::string(" grads=") + dtype_name(grad_dtype),
                      p2p_scatter_gather ? " p2p_scatter_gather" : "",
                      materialized_attention ? " materialized_attention" : "",
+                     unfused_cross_entropy ? " unfused_cross_entropy" : "",
                      overlaps.any() ? " overlap=" + overlaps.str() : "");
 }
 

@@ -76,6 +76,11 @@ struct LayoutSpec {
   // and dropped probabilities cross memory in forward and again in backward, which does not recompute
   // QK^T. Time only: this codebase's attention is fused and has no dropout.
   bool materialized_attention = false;
+  // Megatron's unfused vocab-parallel cross entropy (megatron/core/tensor_parallel/cross_entropy.py): the
+  // logits are cast to fp32, then max, subtract, exp, sum and divide each pass over them, and the backward
+  // scales the softmax and casts it back, 48 + 2d bytes per logit against the 20 of this codebase's fused
+  // one. Time only.
+  bool unfused_cross_entropy = false;
   // Communication that runs beside compute (parallel/plan/overlap.h). Time only.
   Overlaps overlaps;
   // Asynchronous checkpoint saves (checkpoint.async_save with a checkpoint.dir): each rank holds a host

@@ -82,6 +82,7 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
               l.grad_dtype = o.grads_in_compute_dtype ? o.dtype : DType::F32;
               l.p2p_scatter_gather = o.p2p_scatter_gather;
               l.materialized_attention = o.materialized_attention;
+              l.unfused_cross_entropy = o.unfused_cross_entropy;
               l.overlaps = applicable_overlaps(o.overlaps, l);
               l.tp_comm_overlap = l.overlaps.tp;  // overlapped tp collectives take the row-block path
               l.checkpoint_snapshot = o.checkpoint_snapshot;

@@ -38,6 +38,7 @@ struct PlanOptions {
   bool grads_in_compute_dtype = false;  // gradient buffers and their dp reduction in the compute dtype
   bool p2p_scatter_gather = false;      // pipeline sends split over the tp ranks, all-gathered on arrival
   bool materialized_attention = false;  // the 2021 attention: scores, softmax and dropout through memory
+  bool unfused_cross_entropy = false;   // Megatron's cross entropy: six passes over fp32 logits
   // Communication assumed to run beside compute; each layout gets the members that apply to it
   // (applicable_overlaps).
   Overlaps overlaps;

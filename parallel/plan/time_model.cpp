@@ -269,9 +269,14 @@ EndCosts end_costs(const ModelDescription& m, const LayoutSpec& l, const Hardwar
   e.embed_fwd = 2 * Xf / r.memory;
   e.embed_bwd = 2 * Xf / r.memory;
   e.embed_tp = ring;  // all-reduce of the lookup (reduce-scatter, then all-gather in backward, under SP)
-  // Logits are fp32 [N, V/t]: written, read for the max, the sum and the backward (which overwrites them).
+  // Fused, the logits are fp32 [N, V/t]: written, read for the max, the sum and the backward (which
+  // overwrites them), 20 bytes each. Megatron's unfused loss (LayoutSpec::unfused_cross_entropy) reads the
+  // d-byte logits and writes them in fp32, reads them for the max, reads and writes them to subtract it,
+  // to exponentiate and to divide by the sum, reads them for the sum (38 bytes in bf16); its backward
+  // scales the softmax in place and casts it back to d bytes (14): 48 + 2d.
+  const double loss_bytes = l.unfused_cross_entropy ? 48 + 2 * r.dsize : 20;
   e.head = linear(N, h, V / t, r);
-  e.head_total = e.head.forward() + e.head.backward() + 5 * 4 * N * V / t / r.loss + 5 * X / r.memory;
+  e.head_total = e.head.forward() + e.head.backward() + loss_bytes * N * V / t / r.loss + 5 * X / r.memory;
   // Input gather (SP) and the reduction of dx; max, sum and target logit are three small all-reduces.
   e.head_tp = ring + 3 * collective_seconds(4 * N, l.tp, per_node, 2, hw);
   return e;
@@ -300,6 +305,104 @@ struct StageDataParallel {
   double grad = 0, grad_exposed = 0, grad_hidden = 0, param = 0, param_exposed = 0, param_hidden = 0;
   double exposed() const { return grad_exposed + param_exposed; }
 };
+
+// Data-parallel transfers beside the pipeline schedule, as Megatron-Core runs them with
+// --overlap-grad-reduce and --overlap-param-gather (megatron/core/distributed/distributed_data_parallel.py
+// and megatron/core/pipeline_parallel/schedules.py, r0.8): only the first pipeline rank's first model
+// chunk is split into buckets (bucket_size is None on later ranks and for later chunks), so its
+// gradients reduce bucket by bucket during its last backward and its parameters gather bucket by bucket
+// during its first forward, all but the bucket holding the word embedding, which is the last gradient
+// bucket to complete and the first parameter bucket needed. Every other chunk is one transfer: its
+// gradients reduce once its last backward is done, beside the backward still to run on the stage (in the
+// interleaved schedule's cool-down the later chunks' last backwards come first: chunk c has c x p chunk
+// passes after it, and rank r finishes r passes before rank 0, which the step waits for); its parameters
+// gather before its first forward, beside the warm-up forwards before it (chunks 0 and 1 at the start of
+// the step, chunk c + 1 from chunk c's first forward on).
+// A transfer that may start at `start` and must be done by `deadline` (seconds from the stage's first
+// forward for a gather, seconds before the stage's compute ends for a reduction: start <= deadline <= 0).
+struct Transfer {
+  double seconds = 0, start = 0, deadline = 0;
+};
+
+struct TransferCost {
+  double exposed = 0, hidden = 0;
+};
+
+// Transfers one after another on one stream, in the order given; compute waits for each that misses its
+// deadline, and what runs beside compute slows it (the overlap rule).
+TransferCost run_transfers(const std::vector<Transfer>& transfers) {
+  double stream = -1e30, stall = 0, hidden = 0;
+  for (const Transfer& t : transfers) {
+    const double start = std::max(stream, t.start + stall);
+    const double finish = start + t.seconds;
+    const double late = std::max(0.0, finish - (t.deadline + stall));
+    hidden += std::max(0.0, t.seconds - late);
+    stall += late;
+    stream = finish;
+  }
+  return {stall + kOverlapSlowdown * hidden, hidden};
+}
+
+// A stage's parameters per model chunk (parameter counts) as fractions of the stage's.
+std::vector<double> stage_chunk_counts(const ModelDescription& m, const LayoutSpec& l, int rank) {
+  std::vector<double> counts;
+  for (int64_t c : chunk_parameter_counts(m, l, rank)) counts.push_back(static_cast<double>(c));
+  return counts;
+}
+
+// The bucketed chunk's transfer split in the embedding's bucket (`tail`, never beside compute) and the rest.
+double embedding_bucket_share(double chunk_params, double bucket_params, double embedding_params) {
+  return chunk_params > 0 ? std::min(1.0, std::max(bucket_params, embedding_params) / chunk_params) : 0;
+}
+
+// Where a pipeline rank's data-parallel transfers sit: its rank of p, its v chunks, Megatron-Core's
+// bucket size and the word embedding's parameters.
+struct BucketLayout {
+  int rank = 0, p = 1, v = 1;
+  double bucket_params = 0, embedding_params = 0;
+};
+
+// `total` seconds for the stage's chunks in proportion to their parameters; `pass` is one chunk's
+// backward of one microbatch. Launch order: the last chunk first.
+std::vector<Transfer> grad_reduce_transfers(double total, const std::vector<double>& chunks, const BucketLayout& b,
+                                            double pass) {
+  const int rank = b.rank, p = b.p, v = b.v;
+  double params = 0;
+  for (double c : chunks) params += c;
+  std::vector<Transfer> out;
+  for (int c = v - 1; c >= 0; --c) {
+    const double seconds = params > 0 ? total * chunks[c] / params : 0;
+    if (rank == 0 && c == 0) {
+      const double tail = seconds * embedding_bucket_share(chunks[c], b.bucket_params, b.embedding_params);
+      out.push_back({seconds - tail, -pass, 0});
+      out.push_back({tail, 0, 0});
+    } else {
+      out.push_back({seconds, -(c * p + rank) * pass, 0});
+    }
+  }
+  return out;
+}
+
+// `pass` is one chunk's forward of one microbatch. Launch order: the first chunk first.
+std::vector<Transfer> param_gather_transfers(double total, const std::vector<double>& chunks, const BucketLayout& b,
+                                             double pass) {
+  const int rank = b.rank, p = b.p, v = b.v;
+  double params = 0;
+  for (double c : chunks) params += c;
+  std::vector<Transfer> out;
+  for (int c = 0; c < v; ++c) {
+    const double seconds = params > 0 ? total * chunks[c] / params : 0;
+    const double deadline = (c * p + rank) * pass;
+    if (rank == 0 && c == 0) {
+      const double head = seconds * embedding_bucket_share(chunks[c], b.bucket_params, b.embedding_params);
+      out.push_back({head, 0, 0});
+      out.push_back({seconds - head, 0, pass});
+    } else {
+      out.push_back({seconds, c <= 1 ? 0 : ((c - 1) * p + rank) * pass, deadline});
+    }
+  }
+  return out;
+}
 
 
 }  // namespace
@@ -411,6 +514,10 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   const int R = l.grad_group();
   const int per_node_dp = std::max(1, std::min(R, G / std::max(1, l.tp)));
   const bool sharded = l.distributed_optimizer && R > 1;
+  // Megatron-Core's gradient buckets (DistributedDataParallelConfig::bucket_size): max(40M, 1M x dp)
+  // parameters; the bucket that holds the word embedding holds at least all of it.
+  const double bucket_params = std::max(40e6, 1e6 * R);
+  const double embedding_params = static_cast<double>(m.padded_vocab(l.tp) / l.tp * m.hidden);
   std::vector<StageDataParallel> dps(p);
   int dp_worst = 0;
   int64_t most_params = 0;
@@ -426,10 +533,16 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
     } else {
       d.grad = collective_seconds(gsize * params, R, per_node_dp, 2, hw);       // all-reduce
     }
-    d.grad_exposed = exposed(d.grad, stages[rank].bwd_compute, ov.grad_reduce);
-    d.grad_hidden = covered(d.grad, stages[rank].bwd_compute, ov.grad_reduce);
-    d.param_exposed = exposed(d.param, stages[rank].fwd_compute, ov.param_gather);
-    d.param_hidden = covered(d.param, stages[rank].fwd_compute, ov.param_gather);
+    const std::vector<double> chunks = stage_chunk_counts(m, l, rank);
+    const BucketLayout buckets{rank, p, v, bucket_params, embedding_params};
+    const TransferCost grad = ov.grad_reduce ? run_transfers(grad_reduce_transfers(d.grad, chunks, buckets,
+                                                                                   stages[rank].bwd_compute / v))
+                                             : TransferCost{d.grad, 0};
+    const TransferCost param = ov.param_gather ? run_transfers(param_gather_transfers(d.param, chunks, buckets,
+                                                                                      stages[rank].fwd_compute / v))
+                                               : TransferCost{d.param, 0};
+    d.grad_exposed = grad.exposed, d.grad_hidden = grad.hidden;
+    d.param_exposed = param.exposed, d.param_hidden = param.hidden;
     if (d.exposed() > dps[dp_worst].exposed()) dp_worst = rank;
   }
   const StageDataParallel& dpw = dps[dp_worst];

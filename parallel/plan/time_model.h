@@ -6,7 +6,8 @@
 //    same product as the tied head) as a roofline, max(flops / (peak x GEMM efficiency at that shape),
 //    bytes / achieved bandwidth); the attention core at attention_efficiency; the norms, the activation
 //    (GELU, or SwiGLU reading both halves), the rotary encoding, residual adds and the cross-entropy passes
-//    as memory traffic; recomputation adds its forward again;
+//    as memory traffic (Megatron's unfused cross entropy with LayoutSpec::unfused_cross_entropy);
+//    recomputation adds its forward again;
 //  - tensor parallel: per layer 2 all-reduces of the residual stream in forward and 2 in backward (under
 //    sequence parallelism each an all-gather plus a reduce-scatter), 2 more for a full-recompute forward,
 //    as ring collectives over the node's links;
@@ -23,8 +24,10 @@
 //    with (forward: all-gather with the qkv and fc1 products, reduce-scatter with proj and fc2; backward:
 //    the all-gather of the output gradient with the proj and fc2 input-gradient products, the
 //    reduce-scatter of the input gradient with the qkv and fc1 weight-gradient products);
-//  - grad-reduce: a stage's gradient reduction runs under that stage's backward of one microbatch (the last);
-//  - param-gather: a stage's parameter all-gather runs under its forward of one microbatch (the first);
+//  - grad-reduce and param-gather, as Megatron-Core's buckets and schedules run them: the first pipeline
+//    rank's first chunk reduces bucket by bucket beside its last backward and gathers beside its first
+//    forward, all but the word embedding's bucket, which nothing runs beside; every other chunk is one
+//    transfer beside the passes that follow its last backward (or precede its first forward) on the stage;
 //  - p2p: each receive runs under the compute of the chunk pass beside it (forward for an activation,
 //    backward for a gradient).
 // Not modelled: compute slowed by communication kernels sharing the device, the first and last pieces of a

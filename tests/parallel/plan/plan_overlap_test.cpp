@@ -107,15 +107,17 @@ TEST(PlannerOverlap, HidesAtMostTheComputeItRunsUnder) {
   EXPECT_LE(b.tp_comm_hidden_s, a.tp_comm_s + 1e-12);
   EXPECT_LE(b.pp_comm_hidden_s, a.pp_comm_s + 1e-12);
   EXPECT_LE(b.tp_comm_hidden_s, b.compute_s);
-  // The data-parallel reduction hides under one microbatch's backward at most: with 8 microbatches, an
-  // eighth of the stage's compute.
+  // The data-parallel transfers of this two-stage, two-chunk pipeline hide under the passes beside them:
+  // the first chunk's under its last backward and first forward, the second's under the p chunk passes
+  // before or after it, so under at most (1 + p) / v of one microbatch's compute on the stage: with 8
+  // microbatches, 1.5 / 8 of the stage's compute.
   double grad_hidden = 0, param_hidden = 0;
   for (const CostLine& c : lines) {
     if (c.label == "hidden under the last backward") grad_hidden = c.seconds;
     if (c.label == "hidden under the first forward") param_hidden = c.seconds;
   }
   EXPECT_GT(grad_hidden, 0);
-  EXPECT_LE(grad_hidden + param_hidden, b.compute_s / plain.microbatches() + 1e-12);
+  EXPECT_LE(grad_hidden + param_hidden, 1.5 * b.compute_s / plain.microbatches() + 1e-12);
   // What is hidden still costs: the compute it runs under is slowed (18.9%, docs/planner.md).
   EXPECT_GE(b.tp_comm_s, 0.189 * b.tp_comm_hidden_s - 1e-12);
   // The exposed parts add up to the step.
@@ -130,6 +132,51 @@ TEST(PlannerOverlap, HidesAtMostTheComputeItRunsUnder) {
 }
 
 // ---- the GEMM efficiency table ----
+
+// Megatron-Core splits only the first pipeline rank's first chunk into gradient buckets; the bucket
+// that holds the word embedding is the last to complete in backward and the first needed in forward, so
+// its reduce-scatter and all-gather are never beside compute. Pipeline 1, data 8 on one node: the
+// embedding (51200 x 4096) is max(40M, 8M) = 40M parameters or more, so its share of both transfers stays
+// exposed however long the backward is.
+TEST(PlannerOverlap, EmbeddingBucketIsNeverHidden) {
+  const HardwareSpec& h100 = *builtin_hardware("h100-80g");
+  LayoutSpec l = layout(1, 1, 8, 4, 32);  // one microbatch per step
+  l.distributed_optimizer = true;
+  l.overlaps.grad_reduce = l.overlaps.param_gather = true;
+  const ModelDescription m = dims();
+  std::vector<CostLine> lines;
+  const TimeEstimate e = estimate_time(m, l, h100, &lines);
+  double grad = 0, param = 0, hidden = 0;
+  for (const CostLine& c : lines) {
+    if (c.label == "gradient reduction") grad = c.seconds;
+    if (c.label == "parameter all-gather") param = c.seconds;
+    if (c.label == "hidden under the last backward" || c.label == "hidden under the first forward") hidden += c.seconds;
+  }
+  int64_t params = 0;
+  for (int64_t c : chunk_parameter_counts(m, l, 0)) params += c;
+  const double share = 51200.0 * 4096 / static_cast<double>(params);
+  ASSERT_GT(grad, 0);
+  ASSERT_GT(e.compute_s, 10 * (grad + param));  // compute alone could hide everything
+  EXPECT_NEAR(hidden, (1 - share) * (grad + param), 1e-9);
+  EXPECT_NEAR(e.dp_comm_s, share * (grad + param) + 0.189 * hidden, 1e-9);
+}
+
+// Megatron's unfused cross entropy moves 48 + 2d bytes per logit (fp32 cast, max, subtract, exp, sum,
+// divide; backward scale and cast back) against the fused loss's 20: in bf16, 32 bytes more per logit of
+// each microbatch's [b s, V / t] logits, at the hardware's memory bandwidth.
+TEST(PlannerTimeModel, UnfusedCrossEntropyChargesItsPasses) {
+  const HardwareSpec& h100 = *builtin_hardware("h100-80g");
+  const ModelDescription m = dims();
+  LayoutSpec fused = layout(2, 1, 4, 2, 32);
+  LayoutSpec unfused = fused;
+  unfused.unfused_cross_entropy = true;
+  const double logits = 2.0 * 4096 * static_cast<double>(m.padded_vocab(2)) / 2;  // b s x V / t per microbatch
+  const double bandwidth = h100.loss_bandwidth_gbs > 0 ? h100.loss_bandwidth_gbs * 1e9
+                                                       : h100.memory_bandwidth_gbs * 1e9 * h100.memory_efficiency;
+  const double extra = static_cast<double>(fused.microbatches()) * (48 + 2 * 2 - 20) * logits / bandwidth;
+  EXPECT_NEAR(estimate_time(m, unfused, h100).compute_s - estimate_time(m, fused, h100).compute_s, extra, 1e-9);
+  EXPECT_NE(unfused.str().find("unfused_cross_entropy"), std::string::npos);
+}
 
 TEST(GemmEfficiency, EntriesClampingAndErrors) {
   const GemmEfficiencyTable t({{1024, 1024, 1024, 0.2}, {4096, 4096, 4096, 0.8}, {4096, 1024, 4096, 0.6}});

@@ -16,6 +16,8 @@
 //  - hardware descriptions: built-ins are complete and the files in configs/hardware/ say the same.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -77,6 +79,7 @@ PlanOptions paper_options(int gpus) {
   o.grads_in_compute_dtype = true;
   o.p2p_scatter_gather = true;
   o.materialized_attention = true;  // Megatron-LM's 2021 attention kept the softmax
+  o.unfused_cross_entropy = true;   // vocab_parallel_cross_entropy(output.float(), labels)
   return o;
 }
 
@@ -163,6 +166,87 @@ TEST(PlannerMegatron, SendBuffersDoNotGrowWithTheMicrobatches) {
 // width of the 18.4B row above, was trained with TP 2, PP 4 on 96 A100 40 GB GPUs: ZeRO-1, full
 // recomputation, fp16, global batch 1536 (GPT-NeoX's configs/20B.yml). The planner ranks that (t, p, d)
 // among its top 3, and every TP 8 choice, the 2021 rule of thumb, below it.
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models": GPT models
+// of 22B to 1T parameters (sequence 2048, vocabulary 51200; the paper's Table 3 gives heads, hidden,
+// layers, tensor and pipeline sizes, GPUs and global batch) on A100 80 GB with sequence parallelism and
+// selective recomputation, data parallel 1, and their model FLOPs utilisation as the Megatron-LM README
+// lists it (commit 2e90a342, May 2022: 41.5, 51.4, 56.0 and 56.3 %). Model FLOPs count no recomputation.
+struct SequenceParallelRow {
+  const char* name;
+  int heads, hidden, layers, tp, pp, gpus, batch;
+  double mfu;
+};
+
+const std::vector<SequenceParallelRow>& korthikanti_table() {
+  static const std::vector<SequenceParallelRow> rows = {
+      {"22B", 64, 6144, 48, 8, 1, 8, 4, 0.415},
+      {"175B", 96, 12288, 96, 8, 8, 64, 64, 0.514},
+      {"530B", 128, 20480, 105, 8, 35, 280, 280, 0.560},
+      {"1T", 160, 25600, 128, 8, 64, 512, 512, 0.563},
+  };
+  return rows;
+}
+
+// The planner's error for each row and the published layout's rank among the fitting (t, p, d) choices,
+// as docs/planner.md ("Check against Megatron-LM with sequence parallelism on A100") tabulates them; the
+// test fails when a row's error grows by more than 3 points or its rank falls.
+TEST(PlannerMegatron, SequenceParallelTableErrorsArePinned) {
+  const HardwareSpec& a100 = *builtin_hardware("a100-80g");
+  struct Pin {
+    double error;
+    int rank;
+  };
+  const std::map<std::string, Pin> pins = {
+      {"22B", {0.061, 2}}, {"175B", {0.060, 2}}, {"530B", {0.035, 1}}, {"1T", {0.008, 0}}};
+  std::printf("| model | GPUs | t/p/d | published MFU | published TFLOP/s | predicted TFLOP/s | error | mb, vpp | "
+              "rank (of choices) | best t/p/d |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const SequenceParallelRow& r : korthikanti_table()) {
+    const ModelDescription m{r.layers, r.hidden, r.heads, 4 * r.hidden, 2048, 51200, 128};
+    PlanOptions o;
+    o.devices = r.gpus;
+    o.recompute = Recompute::Selective;
+    o.distributed_optimizer = false;
+    o.dtype = DType::BF16;
+    o.sequence_parallel = true;
+    o.send_buffers = SendBuffers::FreedOnDelivery;
+    o.materialized_attention = true;  // scores through memory; selective recomputation reruns them
+    o.unfused_cross_entropy = true;
+    const Plan plan = make_plan(m, r.batch, a100, o);
+    // The published layout's fastest fitting variant, or its smallest when none fits (the memory model may
+    // not fit it), and its rank among the fitting choices (0: none of its variants fits).
+    const auto published_key = std::make_tuple(r.tp, r.pp, r.gpus / (r.tp * r.pp));
+    std::vector<std::tuple<int, int, int>> order;
+    const PlanEntry* published = nullptr;
+    int rank = 0;
+    for (const PlanEntry& e : plan.layouts) {
+      auto key = std::make_tuple(e.layout.tp, e.layout.pp, e.layout.dp);
+      if (key == published_key && !published) published = &e;
+      if (!e.fits || std::find(order.begin(), order.end(), key) != order.end()) continue;
+      order.push_back(key);
+      if (key == published_key) rank = static_cast<int>(order.size());
+    }
+    ASSERT_NE(published, nullptr) << r.name << ": the published layout was not enumerated";
+    const double published_tflops = r.mfu * a100.peak_tflops_16bit;
+    const double predicted = model_flops_per_step(m, published->layout) / published->time.step_s / r.gpus / 1e12;
+    const double err = predicted / published_tflops - 1;
+    const std::string best =
+        plan.best() ? fmt::format("{}/{}/{}", plan.best()->layout.tp, plan.best()->layout.pp, plan.best()->layout.dp)
+                    : "none fits";
+    std::printf("| %s | %d | %d/%d/1 | %.1f%% | %.1f | %.1f | %+.1f%% | %lld, %d | %s | %s |\n", r.name, r.gpus, r.tp,
+                r.pp, 100 * r.mfu, published_tflops, predicted, 100 * err, (long long)published->layout.micro_batch,
+                published->layout.vpp,
+                rank ? fmt::format("{} (of {})", rank, order.size()).c_str()
+                     : fmt::format("does not fit ({:.1f} GiB)", published->memory.total() / 1073741824.0).c_str(),
+                best.c_str());
+    const Pin& pin = pins.at(r.name);
+    EXPECT_LT(std::abs(err), std::abs(pin.error) + 0.03) << r.name << ": the error grew past its pinned " << pin.error;
+    if (pin.rank > 0) {
+      EXPECT_GE(rank, 1) << r.name << ": the published layout no longer fits";
+      EXPECT_LE(rank, pin.rank) << r.name << ": the published layout fell below its pinned rank";
+    }
+  }
+}
+
 TEST(PlannerPublishedLayouts, GptNeoX20B) {
   HardwareSpec a100_40g = *builtin_hardware("a100-80g");
   a100_40g.name = "a100-40g";
