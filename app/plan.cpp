@@ -47,6 +47,8 @@ const std::vector<HardwareField>& hardware_fields() {
       {"peak_tflops_fp32", &HardwareSpec::peak_tflops_fp32, "dense fp32 matmul peak per device, TFLOP/s"},
       {"attention_efficiency", &HardwareSpec::attention_efficiency,
        "attention core rate over peak, counting dense 4bs^2h FLOPs (0 = the best gemm_efficiency entry)"},
+      {"in_step_compute_fraction", &HardwareSpec::in_step_compute_fraction,
+       "fraction of the GEMM and attention rates kernels keep inside a training step (1 = isolated kernels)"},
       {"memory_gib", &HardwareSpec::memory_gib, "device memory, GiB"},
       {"memory_reserved_gib", &HardwareSpec::memory_reserved_gib, "memory not available to tensors, GiB"},
       {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth_gbs, "device memory bandwidth, GB/s"},

@@ -23,6 +23,11 @@ struct HardwareSpec {
   double attention_efficiency = 0;  // the attention core's rate over peak, counting Megatron's dense 4 b s^2 h
                                     // FLOPs (a causal kernel skipping the masked half can exceed 1); 0 = the
                                     // GEMM table's best entry
+  // The fraction of the GEMM table's and the attention's rates that kernels keep inside a training step,
+  // against the isolated, back-to-back kernels the table was measured with (the device holds its power
+  // limit for seconds, operands arrive cold after the memory-bound kernels, communication kernels share
+  // it). 1 = the isolated figures. Measured from a whole training step on the device (configs/hardware/).
+  double in_step_compute_fraction = 1;
   double memory_gib = 0;            // device memory
   bool host_memory_is_device_memory = false;  // a CPU: host buffers (checkpoint snapshots) take from it too
   double memory_reserved_gib = 0;   // not available to tensors (runtime, communication buffers, fragmentation)

@@ -63,7 +63,7 @@ struct Rates {
 
 Rates rates_for(const HardwareSpec& hw, DType dtype) {
   Rates r;
-  r.peak = (dtype == DType::F32 ? hw.peak_tflops_fp32 : hw.peak_tflops_16bit) * 1e12;
+  r.peak = (dtype == DType::F32 ? hw.peak_tflops_fp32 : hw.peak_tflops_16bit) * 1e12 * hw.in_step_compute_fraction;
   r.attention = r.peak * (hw.attention_efficiency > 0 ? hw.attention_efficiency : hw.gemm_efficiency.best());
   r.memory = hw.memory_bandwidth_gbs * 1e9 * hw.memory_efficiency;
   r.loss = hw.loss_bandwidth_gbs > 0 ? hw.loss_bandwidth_gbs * 1e9 : r.memory;

@@ -5,10 +5,10 @@
 // p2p overlap, and their per-GPU teraFLOP/s (model FLOPs of megatron/training/training.py, no
 // recomputation counted). For the published (tensor, pipeline, data) layout, in its best micro-batch,
 // virtual pipeline and recomputation (the table does not give them), the planner with
-// --overlap megatron-core and Megatron's unfused cross entropy predicts each row's TFLOP/s with the error
-// pinned in the table below, and ranks the published layout at or above its pinned rank (docs/planner.md,
-// "Check against Megatron-Core on H100", says which term the rows above 20% miss); every row is predicted
-// faster with the overlaps than without.
+// --overlap megatron-core and Megatron's unfused cross entropy predicts each row's TFLOP/s within 20% and
+// within 3 points of the error pinned below, and ranks the published layout at or above its pinned rank
+// (docs/planner.md, "Check against Megatron-Core on H100", explains the rows whose layout is not in the top
+// 3); every row is predicted faster with the overlaps than without.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,11 +35,11 @@ struct H100Row {
 
 const std::vector<H100Row>& megatron_core_h100_table() {
   static const std::vector<H100Row> rows = {
-      {"1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8, 0.301, 1},      {"7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9, 0.314, 1},
-      {"16B", 48, 6144, 32, 4, 1, 192, 192, 489.1, 0.225, 1},      {"32B", 56, 7168, 48, 8, 1, 384, 192, 459.6, 0.125, 7},
-      {"70B", 64, 8192, 84, 8, 2, 768, 384, 419.7, 0.250, 7},      {"119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5, 0.097, 1},
-      {"177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8, 0.379, 1},  {"314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4, 0.066, 5},
-      {"462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9, 0.019, 3},
+      {"1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8, 0.090, 1},      {"7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9, 0.083, 1},
+      {"16B", 48, 6144, 32, 4, 1, 192, 192, 489.1, 0.017, 1},      {"32B", 56, 7168, 48, 8, 1, 384, 192, 459.6, -0.037, 6},
+      {"70B", 64, 8192, 84, 8, 2, 768, 384, 419.7, 0.063, 6},      {"119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5, -0.077, 1},
+      {"177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8, 0.131, 2},  {"314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4, -0.127, 5},
+      {"462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9, -0.179, 2},
   };
   return rows;
 }
@@ -117,6 +117,7 @@ TEST(PlannerMegatronH100, WeakScalingTableWithMegatronCoreOverlaps) {
                 r.name, r.gpus, r.tp, r.pp, e->layout.dp, r.tflops, predicted, 100 * err,
                 (long long)e->layout.micro_batch, e->layout.vpp, recompute_name(e->layout.recompute), without,
                 100 * err_none, rank, choices, b.tp, b.pp, b.dp);
+    EXPECT_LT(std::abs(err), 0.20) << r.name;
     EXPECT_LT(std::abs(err), std::abs(r.error) + 0.03) << r.name << ": the error grew past its pinned " << r.error;
     EXPECT_GE(rank, 1) << r.name;
     EXPECT_LE(rank, r.rank) << r.name << ": the published layout fell below its pinned rank";
