@@ -1,6 +1,6 @@
 // The CUDA backend against the CPU backend (the reference, itself checked against finite differences and
 // PyTorch in ops_test and model_test): the factory, the bf16/fp16 casts bit for bit, the caching allocator's
-// counters, norms, element-wise ops, the embedding, cross-entropy and optimizer ops on the same random
+// counters, token uploads through the pinned staging ring, norms, element-wise ops, the embedding, cross-entropy and optimizer ops on the same random
 // inputs (fp32 to 1e-5, bf16 to 1e-2 relative to |reference| + its RMS), reductions reproducible, and
 // device-side input errors raised. Linear layers, attention and the whole model have files of their own
 // (cuda_linear_test, cuda_attention_test, cuda_model_test); all build into one binary, cuda_ops_test.
@@ -109,6 +109,32 @@ TEST_F(CudaVsCpu, FillAndIntTransfers) {
   // A host tensor handed to the GPU backend is refused, not dereferenced.
   Tensor h = cpu->empty({4});
   EXPECT_THROW(gpu->fill(h, 1.f), std::runtime_error);
+}
+
+// Token uploads go through the backend's page-locked staging ring: more uploads than slots, of growing
+// and shrinking sizes, each from a host buffer overwritten as soon as upload_i32 returns and each queued
+// behind work on the stream, all arrive as they were when uploaded.
+TEST_F(CudaVsCpu, PinnedUploadsKeepEachUploadsData) {
+  std::vector<int32_t> source;
+  std::vector<Tensor> uploaded;
+  std::vector<std::vector<int32_t>> expected;
+  Tensor busy = gpu->empty({1 << 20});
+  for (int i = 0; i < 150; ++i) {
+    const size_t n = 1 + static_cast<size_t>((i * 2654435761u) % 5000);
+    source.assign(n, 0);
+    for (size_t k = 0; k < n; ++k) source[k] = static_cast<int32_t>(i * 100003 + k);
+    gpu->fill(busy, static_cast<float>(i));  // work ahead of the copy on the stream
+    Tensor t = gpu->empty({static_cast<int64_t>(n)}, DType::I32);
+    gpu->upload_i32(source.data(), t);
+    expected.push_back(source);
+    std::fill(source.begin(), source.end(), -1);  // the caller may reuse its buffer at once
+    uploaded.push_back(t);
+  }
+  for (size_t i = 0; i < uploaded.size(); ++i) {
+    std::vector<int32_t> back(expected[i].size());
+    gpu->download_i32(uploaded[i], back.data());
+    ASSERT_EQ(back, expected[i]) << "upload " << i;
+  }
 }
 
 TEST_F(CudaVsCpu, CachingAllocatorReusesBlocksAndCounts) {

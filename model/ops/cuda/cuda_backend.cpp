@@ -136,11 +136,23 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_), "CudaBackend",
              "compute capability");
   sm_ = 10 * major + minor;
+  staging_events_.resize(kStagingSlots);
+  for (cudaEvent_t& e : staging_events_)
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "CudaBackend", "cudaEventCreateWithFlags (staging)");
+  staging_ = std::make_unique<StagingRing>(
+      kStagingSlots,
+      StagingRing::Hooks{[this](size_t bytes) { return alloc_host(bytes); }, [this](void* p) { free_host(p); },
+                         [this](int slot) {
+                           check_cuda(cudaEventSynchronize(staging_events_[static_cast<size_t>(slot)]),
+                                      "upload_i32", "cudaEventSynchronize (staging slot)");
+                         }});
 }
 
 CudaBackend::~CudaBackend() {
   // Queued work may still reference tensors the caller is about to drop; the shared context lives on.
   cudaStreamSynchronize(stream_);
+  staging_.reset();
+  for (cudaEvent_t e : staging_events_) cudaEventDestroy(e);
   if (OpProfile* p = OpProfile::active()) {
     p->collect(true);
     if (p->has_unreported()) std::fputs(p->report().c_str(), stderr);

@@ -28,6 +28,7 @@
 #include "model/ops/cuda/cublaslt_matmul.h"
 #include "model/ops/cuda/cudnn_attention.h"
 #include "model/ops/op_checks.h"
+#include "model/ops/staging_ring.h"
 
 namespace gpt {
 
@@ -233,6 +234,11 @@ class CudaBackend final : public Backend {
   DeviceErrorReport* error_device_ = nullptr;
   int sm_ = 0;  // compute capability, e.g. 90
   std::map<std::string, Tensor> device_copies_;
+  // Token and target uploads go through page-locked staging buffers, so cudaMemcpyAsync returns at once
+  // instead of staging pageable memory itself; each slot's event marks its copy done before reuse.
+  static constexpr int kStagingSlots = 64;  // a step's uploads, normally: 32 microbatches
+  std::vector<cudaEvent_t> staging_events_;
+  std::unique_ptr<StagingRing> staging_;
   // y[r, o] = b[o] for a [rows, out] y (the linear layer's bias on the cublasGemmEx path).
   void broadcast_bias(const Tensor& b, Tensor& y, int64_t rows, int64_t out, const char* op);  // cached_device_copy: host bytes -> device copy
   // dx = dy . w for linear_backward and linear_backward_input, dy already in the product dtype `ab`.

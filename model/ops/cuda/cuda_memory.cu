@@ -140,8 +140,13 @@ void CudaBackend::download(const Tensor& src, float* host) {
 void CudaBackend::upload_i32(const int32_t* host, Tensor& dst) {
   require_dtype(dst, DType::I32, "upload_i32", "dst");
   if (dst.numel() == 0) return;
-  check_cuda(cudaMemcpyAsync(dst.raw(), host, dst.bytes(), cudaMemcpyHostToDevice, stream_), "upload_i32",
+  // From a page-locked staging slot: the copy is queued and this returns without waiting for the stream.
+  const StagingRing::Slot slot = staging_->acquire(dst.bytes());
+  std::memcpy(slot.buffer, host, dst.bytes());
+  check_cuda(cudaMemcpyAsync(dst.raw(), slot.buffer, dst.bytes(), cudaMemcpyHostToDevice, stream_), "upload_i32",
              "cudaMemcpyAsync");
+  check_cuda(cudaEventRecord(staging_events_[static_cast<size_t>(slot.index)], stream_), "upload_i32",
+             "cudaEventRecord (staging slot)");
   sync_check("upload_i32", "cudaMemcpyAsync (waited for under GPT_CUDA_SYNC_CHECKS)", "memcpy");
 }
 
