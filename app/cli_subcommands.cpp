@@ -114,6 +114,8 @@ void define_plan(Flags& f, PlanCommandOptions& o) {
            "on: pipeline sends split over the tensor-parallel ranks (Megatron-LM)");
   f.choice("--attention", o.attention, {"fused", "materialized"},
            "materialized: the 2021 unfused attention, whose scores, softmax and dropout cross memory");
+  f.choice("--sp-inputs", o.sp_inputs, {"kept", "regathered"},
+           "regathered: Megatron's sequence parallelism, which gathers a linear's input again in backward");
   f.choice("--loss", o.loss, {"fused", "unfused"},
            "unfused: Megatron's cross entropy, whose cast, max, exp, sum and divide each pass over the logits");
   f.text("--overlap", o.overlap, "SET",

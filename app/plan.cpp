@@ -49,6 +49,8 @@ const std::vector<HardwareField>& hardware_fields() {
        "attention core rate over peak, counting dense 4bs^2h FLOPs (0 = the best gemm_efficiency entry)"},
       {"in_step_compute_fraction", &HardwareSpec::in_step_compute_fraction,
        "fraction of the GEMM and attention rates kernels keep inside a training step (1 = isolated kernels)"},
+      {"sm_count", &HardwareSpec::sm_count,
+       "streaming multiprocessors per device, for the SMs communication kernels take (0 = unknown)"},
       {"memory_gib", &HardwareSpec::memory_gib, "device memory, GiB"},
       {"memory_reserved_gib", &HardwareSpec::memory_reserved_gib, "memory not available to tensors, GiB"},
       {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth_gbs, "device memory bandwidth, GB/s"},
@@ -499,6 +501,7 @@ int plan_main(const PlanCommandOptions& args) {
     o.p2p_scatter_gather = args.p2p_scatter_gather == "on";
     o.materialized_attention = args.attention == "materialized";
     o.unfused_cross_entropy = args.loss == "unfused";
+    o.regather_sp_inputs = args.sp_inputs == "regathered";
     o.overlaps = parse_overlaps(args.overlap, cfg.backend, cfg.parallel.tp_comm_overlap);
     const ModelDescription m = model_description_from_config(cfg);
     Plan plan = make_plan(m, cfg.training.global_batch_size, hw, o);

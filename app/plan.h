@@ -37,6 +37,7 @@ struct PlanCommandOptions {
   std::string p2p_scatter_gather = "off";    // on | off
   std::string attention = "fused";           // fused | materialized
   std::string loss = "fused";                // fused | unfused
+  std::string sp_inputs = "kept";            // kept | regathered
   std::string overlap = "gpt-train";         // none | gpt-train | megatron-core | a list (parallel/plan/overlap.h)
   std::string explain;                       // TP,PP,DP: that layout's cost breakdown next to the best
   std::string probe;                         // --probe FILE: measure this CPU instead

@@ -53,6 +53,7 @@ std::vector<HardwareSpec> make_builtins() {
   a100.peak_tflops_16bit = 312;
   a100.peak_tflops_fp32 = 19.5;
   a100.gemm_efficiency = a100_gemms();
+  a100.sm_count = 108;
   a100.memory_gib = 80;
   a100.memory_reserved_gib = 2;
   a100.memory_bandwidth_gbs = 2039;
@@ -71,6 +72,7 @@ std::vector<HardwareSpec> make_builtins() {
   // 0.79 of the GEMM table and attention rates reproduces it (PlannerHardware.InStepFractionReproducesTheH200Step).
   // The H100 SXM5 has the same GH100 compute and 700 W limit.
   h100.in_step_compute_fraction = 0.79;
+  h100.sm_count = 132;
   h100.memory_gib = 79.6;
   h100.memory_bandwidth_gbs = 3350;
   h100.intra_node_bandwidth_gbs = 450;
@@ -107,6 +109,7 @@ void HardwareSpec::validate() const {
   // Counted against the dense 4 b s^2 h FLOPs: a causal kernel that skips the masked half can reach 2.
   need(attention_efficiency >= 0 && attention_efficiency <= 2, "attention_efficiency", "must lie in [0, 2]");
   need(in_step_compute_fraction > 0 && in_step_compute_fraction <= 1, "in_step_compute_fraction", "must lie in (0, 1]");
+  need(sm_count == 0 || sm_count > 16, "sm_count", "must be 0 (unknown) or more than the 16 a communication kernel takes");
   need(memory_gib > 0, "memory_gib", "must be > 0");
   need(memory_reserved_gib >= 0 && memory_reserved_gib < memory_gib, "memory_reserved_gib", "must lie in [0, memory_gib)");
   need(memory_bandwidth_gbs > 0, "memory_bandwidth_gbs", "must be > 0");

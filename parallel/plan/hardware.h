@@ -28,6 +28,9 @@ struct HardwareSpec {
   // limit for seconds, operands arrive cold after the memory-bound kernels, communication kernels share
   // it). 1 = the isolated figures. Measured from a whole training step on the device (configs/hardware/).
   double in_step_compute_fraction = 1;
+  // Streaming multiprocessors per device (0: unknown), for the SMs Transformer Engine's communication
+  // kernels take from a GEMM (Overlaps::tp_userbuffers).
+  double sm_count = 0;
   double memory_gib = 0;            // device memory
   bool host_memory_is_device_memory = false;  // a CPU: host buffers (checkpoint snapshots) take from it too
   double memory_reserved_gib = 0;   // not available to tensors (runtime, communication buffers, fragmentation)

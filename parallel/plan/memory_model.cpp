@@ -54,14 +54,18 @@ struct TensorSizes {
   int64_t ring_fwd = 0, ring_bwd = 0;
   bool swiglu = false;
   bool tp_overlap = false;  // parallel.tp_comm_overlap applies (sequence parallelism, tp > 1)
+  bool regather = false;    // LayoutSpec::regather_sp_inputs applies (sequence parallelism, tp > 1)
   int64_t tp = 1, dtype_bytes = 4;
   int64_t sp_X() const { return sp ? X : 0; }
   int64_t out() const { return sp ? X : Xf; }  // a region exit's result: rows outside the region
   int64_t sp_Xf() const { return sp ? Xf : 0; }
+  // A gathered norm output (ln1_full, ln2_full) as the cache keeps it: not at all when it is gathered
+  // again in backward.
+  int64_t kept_Xf() const { return regather ? 0 : sp_Xf(); }
   // What a block's cache keeps after forward, besides its input (the chunk's input for the first block, else
   // the sum its ln1 made of the previous block's pending residual).
   int64_t block_saved(Recompute r) const {
-    int64_t all = 2 * stats + 3 * X + 2 * sp_Xf() + qkv + att + lse + fc1 + act;
+    int64_t all = 2 * stats + 3 * X + 2 * kept_Xf() + qkv + att + lse + fc1 + act;
     if (r == Recompute::Selective) return all - act;  // the activation's output
     if (r == Recompute::Full) return 0;
     return all;
@@ -74,6 +78,7 @@ TensorSizes tensor_sizes(const ModelDescription& m, const LayoutSpec& l) {
   const int64_t N = l.micro_batch * m.seq_length / l.cp;  // this rank's tokens
   s.sp = l.sequence_parallel && l.tp > 1;
   s.tp_overlap = s.sp && l.tp_comm_overlap;
+  s.regather = s.sp && l.regather_sp_inputs;
   s.swiglu = m.swiglu;
   s.tp = l.tp, s.dtype_bytes = d;
   const int64_t rows = s.sp ? N / l.tp : N;
@@ -129,12 +134,16 @@ void block_forward(Ledger& L, const TensorSizes& s, Recompute r, bool pending) {
   L.alloc(s.stats), L.alloc(s.X);                      // ln1 statistics, ln1
   if (pending) L.free(pending_residual(s, r));
   L.alloc(s.sp_Xf());                                  // ln1_full
-  L.alloc(s.qkv), L.alloc(s.att), L.alloc(s.lse);
+  L.alloc(s.qkv);
+  if (s.regather) L.free(s.sp_Xf());                   // gathered again in backward
+  L.alloc(s.att), L.alloc(s.lse);
   L.alloc(s.ring_fwd), L.free(s.ring_fwd);             // context parallelism's ring
   region_exit(L, s);                                   // proj: the attention output
   L.alloc(s.X);                                        // h
   L.alloc(s.stats), L.alloc(s.X), L.alloc(s.sp_Xf());  // ln2 statistics, ln2, ln2_full
-  L.alloc(s.fc1), L.alloc(s.act);                      // fc1, act
+  L.alloc(s.fc1);                                      // fc1
+  if (s.regather) L.free(s.sp_Xf());
+  L.alloc(s.act);                                      // act
   region_exit(L, s);                                   // fc2: the MLP output
   L.free(s.block_saved(Recompute::None) - s.block_saved(r) - (r == Recompute::Full ? s.X : 0));  // h stays pending
   L.free(s.out());                                     // the attention output
@@ -158,6 +167,7 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   } else {
     L.alloc(s.fc1), L.alloc(s.act), L.free(s.act), L.free(s.sp_Xf());
   }
+  if (s.regather) L.alloc(s.sp_Xf());      // ln2_full gathered again for fc1's weight gradient
   region_exit(L, s);                       // fc1's input gradient: dln2
   L.alloc(s.X);                            // dh
   L.free(s.act + s.fc1 + s.X + s.sp_Xf());  // act, fc1, ln2, ln2_full
@@ -165,6 +175,7 @@ void block_backward(Ledger& L, const TensorSizes& s, Recompute r) {
   L.alloc(s.qkv);                          // dqkv
   L.alloc(s.ring_bwd), L.free(s.ring_bwd);  // context parallelism's ring
   L.free(s.lse + s.att);
+  if (s.regather) L.alloc(s.sp_Xf());      // ln1_full gathered again for qkv's weight gradient
   region_exit(L, s);                       // qkv's input gradient: dln1
   L.alloc(s.X);                            // dx
   L.free(3 * s.X + s.sp_Xf() + s.qkv + 2 * s.stats);  // the rest of the cache: input, ln1, ln1_full, qkv, h
@@ -252,13 +263,14 @@ const char* recompute_name(Recompute r) {
 }
 
 std::string LayoutSpec::str() const {
-  return fmt::format("tp={}{} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}{}", tp,
+  return fmt::format("tp={}{} pp={} vpp={} dp={} mb={} recompute={} dist_opt={}{}{}{}{}{}{}{}", tp,
                      cp > 1 ? fmt::format(" cp={}", cp) : std::string(), pp, vpp, dp, micro_batch,
                      recompute_name(recompute), distributed_optimizer ? "on" : "off", sequence_parallel ? " sp" : "",
                      grad_dtype == DType::F32 ? "" : std::string(" grads=") + dtype_name(grad_dtype),
                      p2p_scatter_gather ? " p2p_scatter_gather" : "",
                      materialized_attention ? " materialized_attention" : "",
                      unfused_cross_entropy ? " unfused_cross_entropy" : "",
+                     regather_sp_inputs && sequence_parallel ? " regather_sp_inputs" : "",
                      overlaps.any() ? " overlap=" + overlaps.str() : "");
 }
 

@@ -81,6 +81,12 @@ struct LayoutSpec {
   // scales the softmax and casts it back, 48 + 2d bytes per logit against the 20 of this codebase's fused
   // one. Time only.
   bool unfused_cross_entropy = false;
+  // Megatron's sequence parallelism keeps only the local rows of a column-parallel linear's input and
+  // all-gathers them again in backward for the weight gradient (megatron/core/tensor_parallel/layers.py,
+  // LinearWithGradAccumulationAndAsyncCommunication), where this codebase keeps the gathered norm
+  // outputs: two fewer [N, h] tensors per layer in the cache, two more all-gathers per layer in backward
+  // (beside the input-gradient products of qkv and fc1). Memory and time.
+  bool regather_sp_inputs = false;
   // Communication that runs beside compute (parallel/plan/overlap.h). Time only.
   Overlaps overlaps;
   // Asynchronous checkpoint saves (checkpoint.async_save with a checkpoint.dir): each rank holds a host

@@ -47,6 +47,7 @@ Overlaps gpt_train_overlaps(const std::string& backend, bool tp_comm_overlap) {
 Overlaps megatron_core_overlaps() {
   Overlaps o;
   o.tp = o.grad_reduce = o.param_gather = o.p2p = true;
+  o.tp_userbuffers = true;
   return o;
 }
 
@@ -101,6 +102,7 @@ Overlaps applicable_overlaps(const Overlaps& wanted, const LayoutSpec& l, std::v
   if (l.grad_group() == 1) drop(o.param_gather, "param-gather: not applicable (data 1 has no parameter all-gather)");
   else if (!l.distributed_optimizer)
     drop(o.param_gather, "param-gather: not applicable (only the distributed optimizer all-gathers parameters)");
+  o.tp_userbuffers = o.tp && wanted.tp_userbuffers;
   if (l.pp == 1) drop(o.p2p, "p2p: not applicable (pipeline 1 sends nothing)");
   else if (l.vpp == 1)
     drop(o.p2p, "p2p: not applicable (Megatron overlaps pipeline transfers only in the interleaved schedule, vpp > 1)");

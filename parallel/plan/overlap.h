@@ -25,9 +25,15 @@ struct Overlaps {
   bool grad_reduce = false;
   bool param_gather = false;
   bool p2p = false;
+  // The tp overlap runs on Transformer Engine's userbuffer kernels (the megatron-core set): its ring
+  // exchanges on the copy engines with 1 SM, its pipelined and bulk transfers on 16 SMs the GEMM gives up
+  // (transformer_engine/pytorch/module/base.py, initialize_ub's defaults: num_sm, use_ce,
+  // set_sm_margin). Otherwise the transfers' kernels share the device as NCCL's do.
+  bool tp_userbuffers = false;
   bool any() const { return tp || grad_reduce || param_gather || p2p; }
   bool operator==(const Overlaps& o) const {
-    return tp == o.tp && grad_reduce == o.grad_reduce && param_gather == o.param_gather && p2p == o.p2p;
+    return tp == o.tp && grad_reduce == o.grad_reduce && param_gather == o.param_gather && p2p == o.p2p &&
+           tp_userbuffers == o.tp_userbuffers;
   }
   // "none" or the members, comma-separated in a fixed order: "tp,grad-reduce,param-gather,p2p".
   std::string str() const;
@@ -38,7 +44,7 @@ struct Overlaps {
 // `tp_comm_overlap` (parallel.tp_comm_overlap) the tensor-parallel collectives pipelined with the GEMMs.
 Overlaps gpt_train_overlaps(const std::string& backend, bool tp_comm_overlap = false);
 // Megatron-Core with --tp-comm-overlap --overlap-grad-reduce --overlap-param-gather and its default
-// p2p overlap of the interleaved schedule.
+// p2p overlap of the interleaved schedule; its tp overlap on Transformer Engine's userbuffers.
 Overlaps megatron_core_overlaps();
 
 // Parses the value of `plan --overlap`: none, gpt-train (for `backend` and `tp_comm_overlap`), megatron-core, or a

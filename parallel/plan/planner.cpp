@@ -83,6 +83,7 @@ Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSp
               l.p2p_scatter_gather = o.p2p_scatter_gather;
               l.materialized_attention = o.materialized_attention;
               l.unfused_cross_entropy = o.unfused_cross_entropy;
+              l.regather_sp_inputs = o.regather_sp_inputs;
               l.overlaps = applicable_overlaps(o.overlaps, l);
               l.tp_comm_overlap = l.overlaps.tp;  // overlapped tp collectives take the row-block path
               l.checkpoint_snapshot = o.checkpoint_snapshot;

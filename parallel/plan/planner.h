@@ -39,6 +39,7 @@ struct PlanOptions {
   bool p2p_scatter_gather = false;      // pipeline sends split over the tp ranks, all-gathered on arrival
   bool materialized_attention = false;  // the 2021 attention: scores, softmax and dropout through memory
   bool unfused_cross_entropy = false;   // Megatron's cross entropy: six passes over fp32 logits
+  bool regather_sp_inputs = false;      // Megatron's sequence parallelism: inputs gathered again in backward
   // Communication assumed to run beside compute; each layout gets the members that apply to it
   // (applicable_overlaps).
   Overlaps overlaps;

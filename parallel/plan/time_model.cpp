@@ -109,9 +109,12 @@ struct Collective {
   double seconds = 0;
   double gemm = 0;   // the product it is paired with, unsplit
   double split = 0;  // the same product in Transformer Engine's pieces
+  double slowdown = kOverlapSlowdown;  // of the product, over the part it covers
   // Exposed time with the overlap: what the pieces cannot cover, what splitting costs them and the
   // slowdown of the part they cover.
-  double overlapped() const { return exposed(seconds, split, true) + (split - gemm); }
+  double overlapped() const {
+    return std::max(0.0, seconds - split) + slowdown * std::min(seconds, split) + (split - gemm);
+  }
   double hidden() const { return std::min(seconds, split); }
 };
 
@@ -233,13 +236,22 @@ LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const Har
       // reduce-scatters pipelined with the proj and fc2 forward products in 4 blocks, and in bulk with
       // the qkv and fc1 weight-gradient products.
       const double half = collective_seconds(Xf, l.tp, per_node, 1, hw);
-      auto ring = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, l.tp, r)}; };
-      auto pipelined = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, 4, r)}; };
-      auto bulk = [&](const Gemm& g) { return Collective{half, g.seconds, g.seconds}; };
+      // With Transformer Engine's userbuffers a ring exchange runs on the copy engines and takes no SMs
+      // from the GEMM (the copies' memory traffic is not charged); a pipelined or bulk transfer takes 16
+      // SMs, so the GEMM beside it runs on the rest. Otherwise the average slowdown.
+      const bool ub = l.overlaps.tp_userbuffers && hw.sm_count > 16;
+      const double ring_slowdown = ub ? 0 : kOverlapSlowdown;
+      const double sm_slowdown = ub ? 16 / (hw.sm_count - 16) : kOverlapSlowdown;
+      auto ring = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, l.tp, r), ring_slowdown}; };
+      auto pipelined = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, 4, r), sm_slowdown}; };
+      auto bulk = [&](const Gemm& g) { return Collective{half, g.seconds, g.seconds, sm_slowdown}; };
       const std::vector<Collective> forward = {ring(c.qkv.fprop), pipelined(c.proj.fprop), ring(c.fc1.fprop),
                                                pipelined(c.fc2.fprop)};
       c.tp = forward;
       c.tp.insert(c.tp.end(), {ring(c.fc2.dgrad), bulk(c.fc1.wgrad), ring(c.proj.dgrad), bulk(c.qkv.wgrad)});
+      // Megatron's re-gathered inputs of fc1 and qkv, in bulk beside their input-gradient products
+      // (Transformer Engine's bulk dgrad overlap; Megatron alone starts them asynchronously the same way).
+      if (l.regather_sp_inputs) c.tp.insert(c.tp.end(), {bulk(c.fc1.dgrad), bulk(c.qkv.dgrad)});
       if (l.recompute == Recompute::Full) c.tp.insert(c.tp.end(), forward.begin(), forward.end());
     } else {
       // All-reduces of a GEMM's output: nothing runs beside them.

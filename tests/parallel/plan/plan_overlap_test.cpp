@@ -178,6 +178,54 @@ TEST(PlannerTimeModel, UnfusedCrossEntropyChargesItsPasses) {
   EXPECT_NE(unfused.str().find("unfused_cross_entropy"), std::string::npos);
 }
 
+// Megatron's sequence parallelism keeps a column-parallel linear's local input rows and gathers them
+// again in backward: per layer two fewer full-row [N, h] tensors in the cache (ln1_full, ln2_full), and
+// two more all-gathers per layer in backward.
+TEST(PlannerTimeModel, RegatheredSequenceParallelInputsTradeMemoryForCollectives) {
+  const HardwareSpec& h100 = *builtin_hardware("h100-80g");
+  const ModelDescription m = dims();
+  LayoutSpec kept = layout(8, 2, 4, 1, 32);  // sequence parallel
+  LayoutSpec regathered = kept;
+  regathered.regather_sp_inputs = true;
+  const MemoryEstimate a = estimate_memory(m, kept, 1), b = estimate_memory(m, regathered, 1);
+  const int64_t full_rows = 1 * 4096 * 4096 * 2;  // N x h in bf16
+  EXPECT_EQ(a.activation_cache - b.activation_cache, 16 * 2 * full_rows);  // 16 layers on the stage
+  EXPECT_LT(b.activations, a.activations);
+  std::vector<CostLine> la, lb;
+  const TimeEstimate ta = estimate_time(m, kept, h100, &la), tb = estimate_time(m, regathered, h100, &lb);
+  auto note = [](const std::vector<CostLine>& lines) {
+    for (const CostLine& c : lines)
+      if (c.section == "tensor parallel" && c.label == "collectives") return c.note;
+    return std::string();
+  };
+  EXPECT_EQ(note(la), "8 per layer and microbatch, sequence parallel");
+  EXPECT_EQ(note(lb), "10 per layer and microbatch, sequence parallel");
+  EXPECT_GT(tb.tp_comm_s, ta.tp_comm_s);  // no overlap: every collective exposed
+  EXPECT_NE(regathered.str().find("regather_sp_inputs"), std::string::npos);
+}
+
+// Transformer Engine's userbuffers (the megatron-core set): ring exchanges on the copy engines slow the
+// GEMM beside them by nothing, pipelined and bulk transfers by the 16 SMs they take (16 / (132 - 16) on an
+// H100); without an SM count the average slowdown applies to all.
+TEST(PlannerOverlap, UserbuffersChargeTheSmsTheyTake) {
+  const ModelDescription m = dims();
+  LayoutSpec l = layout(8, 1, 8, 1, 8);
+  l.overlaps = megatron_core_overlaps();
+  l.overlaps = applicable_overlaps(l.overlaps, l);
+  ASSERT_TRUE(l.overlaps.tp_userbuffers);
+  LayoutSpec nccl = l;
+  nccl.overlaps.tp_userbuffers = false;
+  const HardwareSpec& h100 = *builtin_hardware("h100-80g");
+  EXPECT_LT(estimate_time(m, l, h100).tp_comm_s, estimate_time(m, nccl, h100).tp_comm_s);
+  EXPECT_DOUBLE_EQ(estimate_time(m, l, h100).tp_comm_hidden_s, estimate_time(m, nccl, h100).tp_comm_hidden_s);
+  HardwareSpec unknown = h100;
+  unknown.sm_count = 0;
+  EXPECT_DOUBLE_EQ(estimate_time(m, l, unknown).tp_comm_s, estimate_time(m, nccl, unknown).tp_comm_s);
+  // The flag follows tp: a layout tp overlap cannot apply to does not keep it.
+  LayoutSpec one = layout(1, 1, 64, 1, 64);
+  EXPECT_FALSE(applicable_overlaps(megatron_core_overlaps(), one).tp_userbuffers);
+}
+
 TEST(GemmEfficiency, EntriesClampingAndErrors) {
   const GemmEfficiencyTable t({{1024, 1024, 1024, 0.2}, {4096, 4096, 4096, 0.8}, {4096, 1024, 4096, 0.6}});
   EXPECT_DOUBLE_EQ(t.at(1024, 1024, 1024), 0.2);
