@@ -14,6 +14,8 @@
 #   4c. where the 1.3B step's GPU time goes, op by op (GPT_CUDA_PROFILE=1, 4 iterations);
 #   4d. an asynchronous checkpoint save of the 1.3B model: the device-to-host copy into the pinned
 #       snapshot (the training stall), the commit, and the background write, from gpt-train's log line;
+#   4e. FP8 hybrid against bf16: the 124M model for 50 steps on the learnable synthetic pattern, same
+#       seed, each precision; the FP8 run's last loss must lie within 2% of bf16's;
 #   5. key/value-cached generation from the 124M run's weights (tokens/s).
 # A failing test binary runs once more with CUDA_LAUNCH_BLOCKING=1 and GPT_CUDA_SYNC_CHECKS=1 (every launch
 # and library call waited for and checked) to name the faulting op; NCCL_DEBUG=WARN.
@@ -337,6 +339,40 @@ op_profile() {
   return "$rc"
 }
 
+# 4e. FP8 hybrid (precision.fp8 hybrid: e4m3 forward, e5m2 gradients, delayed scaling) against bf16 on the
+# 124M model, 50 steps of the learnable synthetic pattern with the same seed; prints both loss curves'
+# first and last values and the relative difference of the last losses (goal: within 2%).
+fp8_vs_bf16() {
+  local fp8
+  for fp8 in off hybrid; do
+    rm -f /tmp/gpt-fp8-$fp8.jsonl
+    timeout 120 "$GPT_TRAIN" train --config "$ROOT/configs/gpt2-124m.yaml" --set backend=cuda \
+      --set precision.dtype=bf16 --set precision.fp8=$fp8 --set parallel.tensor=1 --set parallel.pipeline=1 \
+      --set parallel.sequence_parallel=false --set parallel.distributed_optimizer=false \
+      --set training.micro_batch_size=4 --set training.global_batch_size=8 --set training.train_iters=50 \
+      --set optimizer.warmup_iters=5 --set data.train=[] --set data.synthetic=pattern --set eval.interval=0 \
+      --set checkpoint.save_interval=0 --set checkpoint.dir= --set logging.interval=1 \
+      --set logging.metrics_file=/tmp/gpt-fp8-$fp8.jsonl >"$LOG/fp8-$fp8.log" 2>&1 ||
+      { tail -3 "$LOG/fp8-$fp8.log"; FP8_ROW="fp8=$fp8 run failed (log $LOG/fp8-$fp8.log)"; return 1; }
+  done
+  FP8_ROW=$(python3 - <<'EOF'
+import json, math
+def losses(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    return [r["loss"] for r in rows if r.get("event", "train") == "train" and "loss" in r]
+b, f = losses("/tmp/gpt-fp8-off.jsonl"), losses("/tmp/gpt-fp8-hybrid.jsonl")
+if not b or not f or not all(math.isfinite(x) for x in b + f):
+    print("no finite losses logged")
+else:
+    rel = (f[-1] - b[-1]) / b[-1]
+    print(f"bf16 {b[0]:.4f} -> {b[-1]:.4f}, fp8 hybrid {f[0]:.4f} -> {f[-1]:.4f} after {len(f)} steps: "
+          f"{100 * rel:+.2f}% ({'within' if abs(rel) <= 0.02 else 'outside'} 2%)")
+EOF
+)
+  echo "$FP8_ROW"
+  case "$FP8_ROW" in *"within 2%"*) return 0 ;; *) return 1 ;; esac
+}
+
 # 4d. The 1.3B model for 5 iterations with an asynchronous save after iteration 4 (and the final one):
 # the save's log line gives the blocking device-to-host copy into the pinned snapshot, the background
 # write and the commit. Weights and fp32 masters only (checkpoint.save_optimizer false: 10.4 GB per
@@ -413,6 +449,11 @@ run_checks() {
     timed "4d. asynchronous checkpoint save, gpt2-1.3b (copy to pinned memory, write, commit)" checkpoint_stall
   fi
 
+  FP8_ROW="not run (--quick, or out of time)"
+  if [ "$QUICK" = no ] && [ "$(left)" -gt 270 ]; then  # two runs of at most 120 s, and step 5 after
+    timed "4e. FP8 hybrid against bf16, gpt2-124m, 50 steps (last loss within 2%)" fp8_vs_bf16
+  fi
+
   # 5. Generation from the 124M benchmark's weights: key/value-cached decoding on the GPU.
   local generated="not run (no checkpoint, --quick, or out of time)"
   if [ "$QUICK" = no ] && [ -d /tmp/gpt-bench-ckpt-gpt2-124m ] && [ "$(left)" -gt 60 ]; then
@@ -431,6 +472,7 @@ run_checks() {
          "(logs in $LOG)"
     echo "generate (gpt2-124m, bf16, cached decoding): $generated"
     echo "async checkpoint save (gpt2-1.3b, weights + fp32 masters): $STALL"
+    echo "fp8 hybrid against bf16 (gpt2-124m, 50 steps): $FP8_ROW"
     echo "MFU = (6 N + 12 L h s) * tokens/s / $PEAK  (H100/H200 dense bf16 peak; one GPU, synthetic data)"
     printf "%-10s | %-7s | %-10s | %-7s | %-6s | %-17s | %-17s | %-8s | %s\n" model params tokens/s TFLOP/s MFU \
       "loss first->last" "gnorm first->last" "mem peak" notes
