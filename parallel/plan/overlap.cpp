@@ -12,7 +12,7 @@ namespace gpt {
 namespace {
 
 const char* kFlag = "--overlap";
-const char* kNames = "none, gpt-train, megatron-core, or a comma-separated list of tp, grad-reduce, param-gather, p2p";
+const char* kNames = "none, gpt-train, megatron-core, or a comma-separated list of tp (or tp-userbuffers), grad-reduce, param-gather, p2p";
 
 }  // namespace
 
@@ -23,7 +23,7 @@ std::string Overlaps::str() const {
     if (!out.empty()) out += ',';
     out += name;
   };
-  add(tp, "tp");
+  add(tp, tp_userbuffers ? "tp-userbuffers" : "tp");
   add(grad_reduce, "grad-reduce");
   add(param_gather, "param-gather");
   add(p2p, "p2p");
@@ -62,6 +62,7 @@ Overlaps parse_overlaps(const std::string& text, const std::string& backend, boo
   while (std::getline(in, name, ',')) {
     ++count;
     if (name == "tp") o.tp = true;
+    else if (name == "tp-userbuffers") o.tp = o.tp_userbuffers = true;
     else if (name == "grad-reduce") o.grad_reduce = true;
     else if (name == "param-gather") o.param_gather = true;
     else if (name == "p2p") o.p2p = true;

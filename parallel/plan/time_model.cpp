@@ -109,11 +109,13 @@ struct Collective {
   double seconds = 0;
   double gemm = 0;   // the product it is paired with, unsplit
   double split = 0;  // the same product in Transformer Engine's pieces
-  double slowdown = kOverlapSlowdown;  // of the product, over the part it covers
+  double slowdown = kOverlapSlowdown;  // of the product, over the part it covers (or all of it: whole)
+  bool whole = false;   // the slowdown lasts the whole product (SMs reserved for it), not the transfer
+  bool always = false;  // overlapped even without the tp overlap (Megatron's asynchronous re-gather)
   // Exposed time with the overlap: what the pieces cannot cover, what splitting costs them and the
   // slowdown of the part they cover.
   double overlapped() const {
-    return std::max(0.0, seconds - split) + slowdown * std::min(seconds, split) + (split - gemm);
+    return std::max(0.0, seconds - split) + slowdown * (whole ? split : std::min(seconds, split)) + (split - gemm);
   }
   double hidden() const { return std::min(seconds, split); }
 };
@@ -148,12 +150,12 @@ struct LayerCosts {
   }
   double tp_exposed(bool overlap) const {
     double t = 0;
-    for (const Collective& c : tp) t += overlap && c.split > 0 ? c.overlapped() : c.seconds;
+    for (const Collective& c : tp) t += (overlap || c.always) && c.split > 0 ? c.overlapped() : c.seconds;
     return t;
   }
   double tp_hidden(bool overlap) const {
     double t = 0;
-    for (const Collective& c : tp) t += overlap && c.split > 0 ? c.hidden() : 0;
+    for (const Collective& c : tp) t += (overlap || c.always) && c.split > 0 ? c.hidden() : 0;
     return t;
   }
 };
@@ -242,16 +244,28 @@ LayerCosts layer_costs(const ModelDescription& m, const LayoutSpec& l, const Har
       const bool ub = l.overlaps.tp_userbuffers && hw.sm_count > 16;
       const double ring_slowdown = ub ? 0 : kOverlapSlowdown;
       const double sm_slowdown = ub ? 16 / (hw.sm_count - 16) : kOverlapSlowdown;
-      auto ring = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, l.tp, r), ring_slowdown}; };
-      auto pipelined = [&](const Gemm& g) { return Collective{half, g.seconds, split_seconds(g, 4, r), sm_slowdown}; };
-      auto bulk = [&](const Gemm& g) { return Collective{half, g.seconds, g.seconds, sm_slowdown}; };
+      auto ring = [&](const Gemm& g) {
+        return Collective{half, g.seconds, split_seconds(g, l.tp, r), ring_slowdown, false, false};
+      };
+      auto pipelined = [&](const Gemm& g) {
+        return Collective{half, g.seconds, split_seconds(g, 4, r), sm_slowdown, ub, false};
+      };
+      auto bulk = [&](const Gemm& g) { return Collective{half, g.seconds, g.seconds, sm_slowdown, ub, false}; };
       const std::vector<Collective> forward = {ring(c.qkv.fprop), pipelined(c.proj.fprop), ring(c.fc1.fprop),
                                                pipelined(c.fc2.fprop)};
       c.tp = forward;
       c.tp.insert(c.tp.end(), {ring(c.fc2.dgrad), bulk(c.fc1.wgrad), ring(c.proj.dgrad), bulk(c.qkv.wgrad)});
       // Megatron's re-gathered inputs of fc1 and qkv, in bulk beside their input-gradient products
-      // (Transformer Engine's bulk dgrad overlap; Megatron alone starts them asynchronously the same way).
-      if (l.regather_sp_inputs) c.tp.insert(c.tp.end(), {bulk(c.fc1.dgrad), bulk(c.qkv.dgrad)});
+      // (Transformer Engine's bulk dgrad overlap; without it Megatron starts the all-gather asynchronously
+      // before the same product, LinearWithGradAccumulationAndAsyncCommunication, so it is always beside it).
+      if (l.regather_sp_inputs) {
+        for (const Gemm* g : {&c.fc1.dgrad, &c.qkv.dgrad}) {
+          Collective regather = bulk(*g);
+          if (!l.overlaps.tp) regather.slowdown = kOverlapSlowdown, regather.whole = false;
+          regather.always = true;
+          c.tp.push_back(regather);
+        }
+      }
       if (l.recompute == Recompute::Full) c.tp.insert(c.tp.end(), forward.begin(), forward.end());
     } else {
       // All-reduces of a GEMM's output: nothing runs beside them.
@@ -290,7 +304,12 @@ EndCosts end_costs(const ModelDescription& m, const LayoutSpec& l, const Hardwar
   e.head = linear(N, h, V / t, r);
   e.head_total = e.head.forward() + e.head.backward() + loss_bytes * N * V / t / r.loss + 5 * X / r.memory;
   // Input gather (SP) and the reduction of dx; max, sum and target logit are three small all-reduces.
+  // Megatron's column-parallel output layer gathers its input again in backward (regather_sp_inputs),
+  // beside its input-gradient product.
   e.head_tp = ring + 3 * collective_seconds(4 * N, l.tp, per_node, 2, hw);
+  if (sp && l.regather_sp_inputs)
+    e.head_tp += Collective{collective_seconds(Xf, l.tp, per_node, 1, hw), e.head.dgrad.seconds, e.head.dgrad.seconds}
+                     .overlapped();
   return e;
 }
 
@@ -330,8 +349,11 @@ struct StageDataParallel {
 // passes after it, and rank r finishes r passes before rank 0, which the step waits for); its parameters
 // gather before its first forward, beside the warm-up forwards before it (chunks 0 and 1 at the start of
 // the step, chunk c + 1 from chunk c's first forward on).
-// A transfer that may start at `start` and must be done by `deadline` (seconds from the stage's first
-// forward for a gather, seconds before the stage's compute ends for a reduction: start <= deadline <= 0).
+// A transfer that may start at `start` and must be done by `deadline`, in seconds on the step's clock as
+// the pipeline's first rank sees it: for a gather from the step's first forward (start <= deadline, both
+// >= 0); for a reduction relative to the end of the backward (start <= deadline = 0). A later rank's
+// extra window is the time it waits for the first rank, so what hides there is charged the overlap
+// slowdown although that rank is idle (a small over-charge).
 struct Transfer {
   double seconds = 0, start = 0, deadline = 0;
 };
@@ -385,8 +407,12 @@ std::vector<Transfer> grad_reduce_transfers(double total, const std::vector<doub
   for (int c = v - 1; c >= 0; --c) {
     const double seconds = params > 0 ? total * chunks[c] / params : 0;
     if (rank == 0 && c == 0) {
+      // The embedding's bucket completes last, and the bucket before it (the first layers) just before:
+      // neither has compute left beside it.
       const double tail = seconds * embedding_bucket_share(chunks[c], b.bucket_params, b.embedding_params);
-      out.push_back({seconds - tail, -pass, 0});
+      const double last = std::min(seconds - tail, seconds * std::min(1.0, b.bucket_params / chunks[c]));
+      out.push_back({seconds - tail - last, -pass, 0});
+      out.push_back({last, 0, 0});
       out.push_back({tail, 0, 0});
     } else {
       out.push_back({seconds, -(c * p + rank) * pass, 0});
@@ -406,9 +432,12 @@ std::vector<Transfer> param_gather_transfers(double total, const std::vector<dou
     const double seconds = params > 0 ? total * chunks[c] / params : 0;
     const double deadline = (c * p + rank) * pass;
     if (rank == 0 && c == 0) {
+      // The embedding's bucket is needed first, and the first layers' bucket at once after it.
       const double head = seconds * embedding_bucket_share(chunks[c], b.bucket_params, b.embedding_params);
+      const double first = std::min(seconds - head, seconds * std::min(1.0, b.bucket_params / chunks[c]));
       out.push_back({head, 0, 0});
-      out.push_back({seconds - head, 0, pass});
+      out.push_back({first, 0, 0});
+      out.push_back({seconds - head - first, 0, pass});
     } else {
       out.push_back({seconds, c <= 1 ? 0 : ((c - 1) * p + rank) * pass, deadline});
     }
@@ -451,7 +480,8 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
   validate_layout(m, l);
   std::vector<std::string> why_not;
   if (!(applicable_overlaps(l.overlaps, l, &why_not) == l.overlaps))
-    throw std::invalid_argument("layout " + l.str() + ": " + why_not.front());
+    throw std::invalid_argument("layout " + l.str() + ": " +
+                                (why_not.empty() ? std::string("its overlaps do not match the layout") : why_not.front()));
   const Rates r = rates_for(hw, l.dtype);
   const LayerCosts layer = layer_costs(m, l, hw, r);
   const EndCosts ends = end_costs(m, l, hw, r);

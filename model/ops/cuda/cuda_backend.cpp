@@ -136,16 +136,22 @@ CudaBackend::CudaBackend(int device_index, bool allow_tf32) : device_(device_ind
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_), "CudaBackend",
              "compute capability");
   sm_ = 10 * major + minor;
-  staging_events_.resize(kStagingSlots);
-  for (cudaEvent_t& e : staging_events_)
-    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "CudaBackend", "cudaEventCreateWithFlags (staging)");
+  for (int i = 0; i < kStagingSlots; ++i) {
+    cudaEvent_t e = nullptr;
+    const cudaError_t made = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (made != cudaSuccess) {
+      for (cudaEvent_t old : staging_events_) cudaEventDestroy(old);
+      staging_events_.clear();
+      check_cuda(made, "CudaBackend", "cudaEventCreateWithFlags (staging)");
+    }
+    staging_events_.push_back(e);
+  }
+  // A slot's previous copy is waited for by polling, as the stream is, so the communicators' checks (a
+  // failed peer, a timed-out collective) still run while the copy queues behind their work.
   staging_ = std::make_unique<StagingRing>(
       kStagingSlots,
       StagingRing::Hooks{[this](size_t bytes) { return alloc_host(bytes); }, [this](void* p) { free_host(p); },
-                         [this](int slot) {
-                           check_cuda(cudaEventSynchronize(staging_events_[static_cast<size_t>(slot)]),
-                                      "upload_i32", "cudaEventSynchronize (staging slot)");
-                         }});
+                         [this](int slot) { wait_for_staging_slot(slot); }});
 }
 
 CudaBackend::~CudaBackend() {
@@ -187,6 +193,17 @@ void* CudaBackend::alloc_host(size_t bytes) {
   const std::string what = "cudaMallocHost of " + std::to_string(bytes) + " bytes";
   check_cuda(cudaMallocHost(&p, std::max<size_t>(bytes, 1)), "alloc_host", what.c_str());
   return p;
+}
+
+void CudaBackend::wait_for_staging_slot(int slot) {
+  const cudaEvent_t e = staging_events_.at(static_cast<size_t>(slot));
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, "upload_i32", "cudaEventQuery (staging slot)");
+    if (!wait_checks_->empty()) wait_checks_->run();
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 20 : 500));
+  }
 }
 
 void CudaBackend::free_host(void* p) {

@@ -237,8 +237,10 @@ class CudaBackend final : public Backend {
   // Token and target uploads go through page-locked staging buffers, so cudaMemcpyAsync returns at once
   // instead of staging pageable memory itself; each slot's event marks its copy done before reuse.
   static constexpr int kStagingSlots = 64;  // a step's uploads, normally: 32 microbatches
+  // Uploads come from the training thread only (the ring is not locked).
   std::vector<cudaEvent_t> staging_events_;
   std::unique_ptr<StagingRing> staging_;
+  void wait_for_staging_slot(int slot);  // polls the slot's event, running the wait checks
   // y[r, o] = b[o] for a [rows, out] y (the linear layer's bias on the cublasGemmEx path).
   void broadcast_bias(const Tensor& b, Tensor& y, int64_t rows, int64_t out, const char* op);  // cached_device_copy: host bytes -> device copy
   // dx = dy . w for linear_backward and linear_backward_input, dy already in the product dtype `ab`.
