@@ -63,11 +63,13 @@ std::string why_lines(const Plan& plan, const LayoutChoice& c, const PlanEntry& 
                       const std::vector<CostLine>& a, const std::vector<CostLine>& b) {
   int choices = 0;
   const int rank = choice_rank(plan, c, &choices);
-  std::string out = fmt::format("why: the asked choice is predicted {:.1f}% slower than the best ({}); the parts "
-                                "of the step that differ most, asked - best:\n",
-                                100 * (mine.time.step_s / best.time.step_s - 1),
-                                rank ? fmt::format("rank {} of {} fitting choices", rank, choices)
-                                     : std::string("it does not fit"));
+  const double slower = mine.time.step_s / best.time.step_s - 1;
+  const std::string where =
+      rank ? fmt::format("rank {} of {} fitting choices", rank, choices) : std::string("it does not fit");
+  if (rank == 1) return fmt::format("why: the asked choice is the best ({})\n", where);
+  std::string out = fmt::format("why: the asked choice is predicted {:.1f}% {} than the best ({}); the parts of the "
+                                "step that differ most, asked - best:\n",
+                                100 * std::abs(slower), slower >= 0 ? "slower" : "faster", where);
   std::vector<size_t> parts;
   for (size_t i = 0; i < a.size(); ++i)
     if (is_step_part(a[i])) parts.push_back(i);

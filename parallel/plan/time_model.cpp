@@ -352,8 +352,7 @@ struct StageDataParallel {
 // A transfer that may start at `start` and must be done by `deadline`, in seconds on the step's clock as
 // the pipeline's first rank sees it: for a gather from the step's first forward (start <= deadline, both
 // >= 0); for a reduction relative to the end of the backward (start <= deadline = 0). A later rank's
-// extra window is the time it waits for the first rank, so what hides there is charged the overlap
-// slowdown although that rank is idle (a small over-charge).
+// extra window (rank passes) is the time it waits for the first rank, idle.
 struct Transfer {
   double seconds = 0, start = 0, deadline = 0;
 };
@@ -363,8 +362,9 @@ struct TransferCost {
 };
 
 // Transfers one after another on one stream, in the order given; compute waits for each that misses its
-// deadline, and what runs beside compute slows it (the overlap rule).
-TransferCost run_transfers(const std::vector<Transfer>& transfers) {
+// deadline, and what runs beside compute slows it (the overlap rule). Up to `idle` seconds of what hides
+// ran while the rank had no compute (a later pipeline rank waiting for the first) and slows nothing.
+TransferCost run_transfers(const std::vector<Transfer>& transfers, double idle) {
   double stream = -1e30, stall = 0, hidden = 0;
   for (const Transfer& t : transfers) {
     const double start = std::max(stream, t.start + stall);
@@ -374,7 +374,7 @@ TransferCost run_transfers(const std::vector<Transfer>& transfers) {
     stall += late;
     stream = finish;
   }
-  return {stall + kOverlapSlowdown * hidden, hidden};
+  return {stall + kOverlapSlowdown * std::max(0.0, hidden - idle), hidden};
 }
 
 // A stage's parameters per model chunk (parameter counts) as fractions of the stage's.
@@ -578,10 +578,12 @@ TimeEstimate estimate_time(const ModelDescription& m, const LayoutSpec& l, const
     const std::vector<double> chunks = stage_chunk_counts(m, l, rank);
     const BucketLayout buckets{rank, p, v, bucket_params, embedding_params};
     const TransferCost grad = ov.grad_reduce ? run_transfers(grad_reduce_transfers(d.grad, chunks, buckets,
-                                                                                   stages[rank].bwd_compute / v))
+                                                                                   stages[rank].bwd_compute / v),
+                                                             rank * stages[rank].bwd_compute / v)
                                              : TransferCost{d.grad, 0};
     const TransferCost param = ov.param_gather ? run_transfers(param_gather_transfers(d.param, chunks, buckets,
-                                                                                      stages[rank].fwd_compute / v))
+                                                                                      stages[rank].fwd_compute / v),
+                                                               rank * stages[rank].fwd_compute / v)
                                                : TransferCost{d.param, 0};
     d.grad_exposed = grad.exposed, d.grad_hidden = grad.hidden;
     d.param_exposed = param.exposed, d.param_hidden = param.hidden;
