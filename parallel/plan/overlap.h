@@ -3,15 +3,16 @@
 //  - tp: tensor-parallel all-gathers and reduce-scatters pipelined with the GEMM next to them
 //    (Megatron-Core's --tp-comm-overlap through Transformer Engine; needs sequence parallelism);
 //  - grad-reduce: the data-parallel gradient reduction (all-reduce, or the distributed optimizer's
-//    reduce-scatter) launched bucket by bucket during the last microbatch's backward
+//    reduce-scatter) launched bucket by bucket after each chunk's last microbatch backward
 //    (Megatron's --overlap-grad-reduce);
-//  - param-gather: the distributed optimizer's parameter all-gather overlapped with the first
-//    microbatch's forward (Megatron's --overlap-param-gather; needs the distributed optimizer);
+//  - param-gather: the distributed optimizer's parameter all-gather overlapped with the forwards before
+//    each chunk's first (Megatron's --overlap-param-gather; needs the distributed optimizer);
 //  - p2p: pipeline sends and receives overlapped with the neighbouring chunk's compute (Megatron's
 //    default for the interleaved schedule only).
 // Named sets: "none"; "gpt-train", what this codebase does on a backend (cpu: none; cuda: grad-reduce);
-// "megatron-core", all four (Megatron-LM's H100 benchmark runs). The hiding rule itself is in
-// parallel/plan/time_model.cpp: an overlapped transfer costs max(0, transfer - compute it runs under).
+// "megatron-core", all four (Megatron-LM's H100 benchmark runs), its tp overlap on Transformer Engine's
+// userbuffers ("tp-userbuffers"). The hiding rule itself is in parallel/plan/time_model.cpp: an
+// overlapped transfer costs max(0, transfer - compute it runs under) plus the slowdown of that compute.
 #pragma once
 #include <string>
 #include <vector>
