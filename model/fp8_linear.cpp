@@ -38,6 +38,13 @@ void fp8_linear_forward(Backend& be, const Fp8LinearScales& s, const Tensor& x, 
   if (y32.raw() != y.raw()) be.copy(y32, y);
 }
 
+void fp8_linear_backward_input(Backend& be, const Fp8LinearScales& s, const Tensor& dy, const Tensor& w, Tensor& dx) {
+  const Tensor qdy = cast(be, dy, *s.grad_output, s.grad_output), qw = cast(be, w, *s.weight, nullptr);
+  Tensor dx32 = dx.dtype() == DType::F32 ? dx : be.empty(dx.shape(), DType::F32);
+  be.linear_backward_input(qdy, qw, dx32);
+  if (dx32.raw() != dx.raw()) be.copy(dx32, dx);
+}
+
 void fp8_linear_backward(Backend& be, const Fp8LinearScales& s, const Tensor& dy, const Tensor& x, const Tensor& w,
                          Tensor* dx, Tensor& dw, Tensor* db) {
   const Tensor qdy = cast(be, dy, *s.grad_output, s.grad_output);

@@ -23,6 +23,10 @@ Fp8LinearScales register_fp8_linear(Fp8ScaleSet& set, const std::string& prefix)
 // y [N, out] (y's dtype, allocated by the caller) = q(x) . q(w)^T (+ b).
 void fp8_linear_forward(Backend& be, const Fp8LinearScales& s, const Tensor& x, const Tensor& w, const Tensor* b,
                         Tensor& y);
+// dx [N, in] (dx's dtype, allocated by the caller) = q(dy) . q(w): Backend::linear_backward_input with the
+// FP8 operands, dy's amax recorded. The tensor-parallel overlap computes a row block of dx at a time with
+// it; a cast at a fixed scale is element-wise, so the blocks are the whole product's rows.
+void fp8_linear_backward_input(Backend& be, const Fp8LinearScales& s, const Tensor& dy, const Tensor& w, Tensor& dx);
 // Backend::linear_backward's contract (dx skipped when null; dw, db F32 accumulate) with the FP8 operands.
 void fp8_linear_backward(Backend& be, const Fp8LinearScales& s, const Tensor& dy, const Tensor& x, const Tensor& w,
                          Tensor* dx, Tensor& dw, Tensor* db);

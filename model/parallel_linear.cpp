@@ -17,7 +17,14 @@ void backward_gemm(Backend& be, const Fp8LinearScales& fp8, const Tensor& dy, co
   if (fp8.recipe) fp8_linear_backward(be, fp8, dy, x, w, dx, dw, db);
   else be.linear_backward(dy, x, w, dx, dw, db);
 }
-bool overlapped(const LayerContext& ctx, const Fp8LinearScales& fp8) { return !fp8.recipe && tp_overlap_applies(ctx); }
+// A row block's input gradient dx = dy . w, in FP8 when the layer is.
+void input_gradient_rows(Backend& be, const Fp8LinearScales& fp8, const Tensor& dy, const Tensor& w, Tensor& dx) {
+  if (fp8.recipe) fp8_linear_backward_input(be, fp8, dy, w, dx);
+  else be.linear_backward_input(dy, w, dx);
+}
+// FP8 layers overlap too: their casts run at the delayed scale, fixed during the step, so a row block's
+// cast and product are the whole tensor's rows, and the recorded amax is the largest block's.
+bool overlapped(const LayerContext& ctx) { return tp_overlap_applies(ctx); }
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& s) {
@@ -90,7 +97,7 @@ void RowParallelLinear::backward_dgelu(LayerContext& ctx, const Tensor& dy, cons
 }
 
 void ColumnParallelLinear::forward_with_entry(LayerContext& ctx, const Tensor& x, Tensor& x_full, Tensor& y) const {
-  if (!overlapped(ctx, fp8_)) {
+  if (!overlapped(ctx)) {
     x_full = enter_tp_region(ctx, x);
     forward(ctx, x_full, y);
     return;
@@ -99,13 +106,13 @@ void ColumnParallelLinear::forward_with_entry(LayerContext& ctx, const Tensor& x
   const Tensor* b = bias_ ? &bias_->value : nullptr;
   x_full = gather_rows_overlapped(ctx, x, [&](int64_t r0, int64_t r1, const Tensor& x_rows) {
     Tensor y_rows = y.rows(r0, r1);
-    ctx.backend.linear_forward(x_rows, weight_->value, b, y_rows);
+    forward_gemm(ctx.backend, fp8_, x_rows, weight_->value, b, y_rows);
   });
 }
 
 void ColumnParallelLinear::forward_gelu_with_entry(LayerContext& ctx, const Tensor& x, Tensor& x_full, Tensor& pre,
                                                    Tensor& act) const {
-  if (!overlapped(ctx, fp8_)) {
+  if (!overlapped(ctx)) {
     x_full = enter_tp_region(ctx, x);
     forward_gelu(ctx, x_full, pre, act);
     return;
@@ -115,12 +122,17 @@ void ColumnParallelLinear::forward_gelu_with_entry(LayerContext& ctx, const Tens
   const Tensor* b = bias_ ? &bias_->value : nullptr;
   x_full = gather_rows_overlapped(ctx, x, [&](int64_t r0, int64_t r1, const Tensor& x_rows) {
     Tensor pre_rows = pre.rows(r0, r1), act_rows = act.rows(r0, r1);
-    ctx.backend.linear_gelu_forward(x_rows, weight_->value, b, pre_rows, act_rows);
+    if (fp8_.recipe) {
+      fp8_linear_forward(ctx.backend, fp8_, x_rows, weight_->value, b, pre_rows);
+      ctx.backend.gelu_forward(pre_rows, act_rows);
+    } else {
+      ctx.backend.linear_gelu_forward(x_rows, weight_->value, b, pre_rows, act_rows);
+    }
   });
 }
 
 Tensor ColumnParallelLinear::backward_with_entry(LayerContext& ctx, const Tensor& dy, const Tensor& x_full) const {
-  if (!overlapped(ctx, fp8_)) {
+  if (!overlapped(ctx)) {
     Tensor dx_full;
     backward(ctx, dy, x_full, &dx_full);
     return enter_tp_region_backward(ctx, dx_full);
@@ -128,7 +140,7 @@ Tensor ColumnParallelLinear::backward_with_entry(LayerContext& ctx, const Tensor
   return reduce_scatter_rows_overlapped(
       ctx, x_full.dim(0), x_full.dim(1), x_full.dtype(),
       [&](int64_t r0, int64_t r1, Tensor& dx_rows) {
-        ctx.backend.linear_backward_input(dy.rows(r0, r1), weight_->value, dx_rows);
+        input_gradient_rows(ctx.backend, fp8_, dy.rows(r0, r1), weight_->value, dx_rows);
       },
       [&] {
         backward_gemm(ctx.backend, fp8_, dy, x_full, weight_->value, nullptr, weight_->grad,
@@ -137,7 +149,7 @@ Tensor ColumnParallelLinear::backward_with_entry(LayerContext& ctx, const Tensor
 }
 
 Tensor RowParallelLinear::forward_with_exit(LayerContext& ctx, const Tensor& x_local) const {
-  if (!overlapped(ctx, fp8_)) {
+  if (!overlapped(ctx)) {
     Tensor partial;
     forward(ctx, x_local, partial);
     return exit_tp_region(ctx, partial);
@@ -145,36 +157,37 @@ Tensor RowParallelLinear::forward_with_exit(LayerContext& ctx, const Tensor& x_l
   const Tensor* b = adds_bias_ ? &bias_->value : nullptr;
   return reduce_scatter_rows_overlapped(ctx, x_local.dim(0), weight_->value.dim(0), x_local.dtype(),
                                         [&](int64_t r0, int64_t r1, Tensor& y_rows) {
-                                          ctx.backend.linear_forward(x_local.rows(r0, r1), weight_->value, b, y_rows);
+                                          forward_gemm(ctx.backend, fp8_, x_local.rows(r0, r1), weight_->value, b,
+                                                       y_rows);
                                         });
 }
 
 namespace {
 // The row-parallel layer's overlapped backward up to the activation: gathers dy into dy_full while each
 // arrived block's input gradient (dx_local's rows) is computed, then the weight and bias gradients.
-void row_backward_overlapped(LayerContext& ctx, const Tensor& dy, const Tensor& x_local, Parameter& weight,
-                             Parameter* bias, Tensor& dx_local) {
+void row_backward_overlapped(LayerContext& ctx, const Fp8LinearScales& fp8, const Tensor& dy, const Tensor& x_local,
+                             Parameter& weight, Parameter* bias, Tensor& dx_local) {
   Backend& be = ctx.backend;
   dx_local = be.empty(x_local.shape(), x_local.dtype());
   Tensor dy_full = gather_rows_overlapped(ctx, dy, [&](int64_t r0, int64_t r1, const Tensor& dy_rows) {
     Tensor dx_rows = dx_local.rows(r0, r1);
-    be.linear_backward_input(dy_rows, weight.value, dx_rows);
+    input_gradient_rows(be, fp8, dy_rows, weight.value, dx_rows);
   });
-  be.linear_backward(dy_full, x_local, weight.value, nullptr, weight.grad, bias ? &bias->grad : nullptr);
+  backward_gemm(be, fp8, dy_full, x_local, weight.value, nullptr, weight.grad, bias ? &bias->grad : nullptr);
 }
 }  // namespace
 
 void RowParallelLinear::backward_with_exit(LayerContext& ctx, const Tensor& dy, const Tensor& x_local,
                                            Tensor& dx_local) const {
-  if (!overlapped(ctx, fp8_)) return backward(ctx, exit_tp_region_backward(ctx, dy), x_local, dx_local);
-  row_backward_overlapped(ctx, dy, x_local, *weight_, bias_, dx_local);
+  if (!overlapped(ctx)) return backward(ctx, exit_tp_region_backward(ctx, dy), x_local, dx_local);
+  row_backward_overlapped(ctx, fp8_, dy, x_local, *weight_, bias_, dx_local);
 }
 
 void RowParallelLinear::backward_dgelu_with_exit(LayerContext& ctx, const Tensor& dy, const Tensor& x_local,
                                                  const Tensor& pre, Tensor& dpre) const {
-  if (!overlapped(ctx, fp8_)) return backward_dgelu(ctx, exit_tp_region_backward(ctx, dy), x_local, pre, dpre);
+  if (!overlapped(ctx)) return backward_dgelu(ctx, exit_tp_region_backward(ctx, dy), x_local, pre, dpre);
   Tensor dact;
-  row_backward_overlapped(ctx, dy, x_local, *weight_, bias_, dact);
+  row_backward_overlapped(ctx, fp8_, dy, x_local, *weight_, bias_, dact);
   dpre = ctx.backend.empty(pre.shape(), pre.dtype());
   ctx.backend.gelu_backward(dact, pre, dpre);
 }

@@ -8,8 +8,8 @@
 // (Megatron's --disable-bias-linear) the layer has no bias parameter. With `fp8` (a set whose recipe is
 // on) the layer's GEMMs run in FP8 (model/fp8_linear.h), its three scales registered in that set.
 // The *_with_entry / *_with_exit members also place the region's communication, overlapped with the GEMMs
-// under parallel.tp_comm_overlap (model/tp_overlap.h); FP8 layers take the plain mappings (their scaled
-// casts see whole tensors).
+// under parallel.tp_comm_overlap (model/tp_overlap.h), FP8 layers too (a delayed-scaling cast is
+// element-wise at a scale fixed before the step, so row blocks cast and multiply as the whole would).
 #pragma once
 #include <string>
 #include <vector>

@@ -5,7 +5,7 @@
 //    runs `meanwhile` once, and rejects rows that do not split over the group.
 //  - Training: the same run with the overlap on and off, at tp 2 and 4 with sequence parallelism (with
 //    data and pipeline parallelism beside them, full recomputation, and the Llama-shaped variant whose
-//    MLP is SwiGLU without biases), gives the same losses, gradient norms and final weights bit for bit
+//    MLP is SwiGLU without biases; and FP8 hybrid and E4M3 layers), gives the same losses, gradient norms and final weights bit for bit
 //    in fp32 and in bf16: the overlap changes when the row blocks travel, never the arithmetic, since
 //    each oneDNN product row depends on its own input row only and the sums keep their order.
 //    GPT_TEST_BACKEND=cuda runs the training cases on the GPU (all ranks on one device, the groups
@@ -116,6 +116,7 @@ struct Layout {
   int tp, pp, dp;
   bool llama = false;
   std::string recompute = "none";
+  std::string fp8 = "off";  // precision.fp8
 };
 
 struct Run {
@@ -128,6 +129,7 @@ Run train(const Layout& l, const std::string& dtype, bool overlap) {
   const int size = l.tp * l.pp * l.dp;
   Config cfg;
   cfg.precision.dtype = dtype;
+  cfg.precision.fp8 = l.fp8;
   cfg.model.num_layers = 4;
   cfg.model.hidden_size = 64;
   cfg.model.num_heads = 4;
@@ -167,7 +169,7 @@ Run train(const Layout& l, const std::string& dtype, bool overlap) {
 
 void check(const Layout& l, const std::string& dtype) {
   const std::string what = "tp" + std::to_string(l.tp) + " pp" + std::to_string(l.pp) + " dp" + std::to_string(l.dp) +
-                           (l.llama ? " llama" : "") + " recompute " + l.recompute + " " + dtype;
+                           (l.llama ? " llama" : "") + " recompute " + l.recompute + " fp8 " + l.fp8 + " " + dtype;
   Run without, with;
   try {
     without = train(l, dtype, false);
@@ -209,6 +211,9 @@ TEST_P(Training, Tensor2Data2Pipeline2) { check({2, 2, 2}, GetParam()); }
 TEST_P(Training, Tensor4Data2) { check({4, 1, 2}, GetParam()); }
 TEST_P(Training, Tensor4Pipeline2Llama) { check({4, 2, 1, true}, GetParam()); }
 TEST_P(Training, Tensor2Data4FullRecompute) { check({2, 1, 4, false, "full"}, GetParam()); }
+// FP8 layers overlap as well: delayed scaling casts each row block at the step's fixed scale.
+TEST_P(Training, Tensor2Pipeline2Data2Fp8Hybrid) { check({2, 2, 2, false, "none", "hybrid"}, GetParam()); }
+TEST_P(Training, Tensor4Data2LlamaFp8E4m3) { check({4, 1, 2, true, "none", "e4m3"}, GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Training, ::testing::Values("fp32", "bf16"), [](const auto& info) { return info.param; });
 
