@@ -20,18 +20,6 @@ std::string choice_str(const LayoutChoice& c) {
   return c.cp > 1 ? fmt::format("{},{},{},{}", c.tp, c.pp, c.dp, c.cp) : fmt::format("{},{},{}", c.tp, c.pp, c.dp);
 }
 
-bool is_choice(const LayoutSpec& l, const LayoutChoice& c) {
-  return l.tp == c.tp && l.pp == c.pp && l.dp == c.dp && l.cp == c.cp;
-}
-
-// The asked choice's best fitting variant (layouts are sorted: fitting by step time, then by memory), or
-// its smallest when none fits.
-const PlanEntry* find_choice(const Plan& plan, const LayoutChoice& c) {
-  for (const PlanEntry& e : plan.layouts)
-    if (is_choice(e.layout, c)) return &e;
-  return nullptr;
-}
-
 // Whether a breakdown line is one of the step's parts (they add up to the step time), not a subtotal or
 // a hidden part.
 bool is_step_part(const CostLine& c) {
@@ -39,30 +27,12 @@ bool is_step_part(const CostLine& c) {
   return c.label == "exposed" || c.label == "bubble" || c.section == "optimizer";
 }
 
-// Rank (1-based) of the choice among the plan's fitting (tp, pp, dp, cp) choices, each by its fastest
-// variant; 0 when none of its variants fits.
-int choice_rank(const Plan& plan, const LayoutChoice& c, int* choices) {
-  std::vector<LayoutChoice> seen;
-  int rank = 0;
-  for (const PlanEntry& e : plan.layouts) {
-    if (!e.fits) break;
-    const LayoutChoice k{e.layout.tp, e.layout.pp, e.layout.dp, e.layout.cp};
-    bool dup = false;
-    for (const LayoutChoice& s : seen) dup = dup || (s.tp == k.tp && s.pp == k.pp && s.dp == k.dp && s.cp == k.cp);
-    if (dup) continue;
-    seen.push_back(k);
-    if (is_choice(e.layout, c)) rank = static_cast<int>(seen.size());
-  }
-  *choices = static_cast<int>(seen.size());
-  return rank;
-}
-
 // The summary read first: how far the asked choice is from the best, and the three parts of the step
 // that differ most between them.
 std::string why_lines(const Plan& plan, const LayoutChoice& c, const PlanEntry& mine, const PlanEntry& best,
                       const std::vector<CostLine>& a, const std::vector<CostLine>& b) {
   int choices = 0;
-  const int rank = choice_rank(plan, c, &choices);
+  const int rank = choice_rank(plan, c.tp, c.pp, c.dp, c.cp, &choices);
   const double slower = mine.time.step_s / best.time.step_s - 1;
   const std::string where =
       rank ? fmt::format("rank {} of {} fitting choices", rank, choices) : std::string("it does not fit");
@@ -131,7 +101,7 @@ std::string explain_layout(const Plan& plan, const ModelDescription& m, const La
   for (const RejectedLayout& r : plan.rejected)
     if (c.cp == 1 && r.tp == c.tp && (r.pp == 0 || (r.pp == c.pp && r.dp == c.dp)))
       throw std::invalid_argument("--explain " + asked + ": " + r.reason);
-  const PlanEntry* mine = find_choice(plan, c);
+  const PlanEntry* mine = find_choice(plan, c.tp, c.pp, c.dp, c.cp);
   if (!mine)
     throw std::invalid_argument("--explain " + asked + ": no valid layout with these degrees (the global batch, "
                                 "micro-batch and sequence-parallel rules leave none)");

@@ -18,6 +18,35 @@ PlanEntry evaluate_layout(const ModelDescription& m, const LayoutSpec& l, const 
   return e;
 }
 
+namespace {
+bool same_choice(const LayoutSpec& l, int tp, int pp, int dp, int cp) {
+  return l.tp == tp && l.pp == pp && l.dp == dp && l.cp == cp;
+}
+}  // namespace
+
+const PlanEntry* find_choice(const Plan& plan, int tp, int pp, int dp, int cp) {
+  for (const PlanEntry& e : plan.layouts)
+    if (same_choice(e.layout, tp, pp, dp, cp)) return &e;
+  return nullptr;
+}
+
+int choice_rank(const Plan& plan, int tp, int pp, int dp, int cp, int* choices) {
+  std::vector<const LayoutSpec*> seen;  // the first (fastest) variant of each distinct fitting choice
+  int rank = 0;
+  for (const PlanEntry& e : plan.layouts) {
+    if (!e.fits) break;
+    const LayoutSpec& l = e.layout;
+    const bool known = std::any_of(seen.begin(), seen.end(), [&](const LayoutSpec* s) {
+      return same_choice(*s, l.tp, l.pp, l.dp, l.cp);
+    });
+    if (known) continue;
+    seen.push_back(&l);
+    if (same_choice(l, tp, pp, dp, cp)) rank = static_cast<int>(seen.size());
+  }
+  if (choices) *choices = static_cast<int>(seen.size());
+  return rank;
+}
+
 Plan make_plan(const ModelDescription& m, int64_t global_batch, const HardwareSpec& hw_in, const PlanOptions& o) {
   if (o.devices < 1) throw std::invalid_argument("plan: the number of devices must be at least 1");
   Plan plan;

@@ -76,6 +76,14 @@ struct Plan {
   }
 };
 
+// The (tp, pp, dp, cp) choice's fastest fitting variant, or its smallest when none fits (layouts are
+// sorted: fitting by step time, then by memory); nullptr when the plan holds none of its variants.
+const PlanEntry* find_choice(const Plan& plan, int tp, int pp, int dp, int cp = 1);
+// Rank (1-based) of the (tp, pp, dp, cp) choice among the plan's distinct fitting choices, each counted
+// once by its fastest variant; 0 when none of its variants fits. `choices`, when given, receives how many
+// distinct fitting choices there are.
+int choice_rank(const Plan& plan, int tp, int pp, int dp, int cp = 1, int* choices = nullptr);
+
 // Enumerates and ranks every layout of `model` with this global batch on options.devices devices.
 Plan make_plan(const ModelDescription& model, int64_t global_batch, const HardwareSpec& hw, const PlanOptions& options);
 // Evaluates one layout (validate_layout must pass) on hardware with this many devices per node.

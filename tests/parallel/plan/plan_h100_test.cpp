@@ -11,9 +11,7 @@
 // 3); every row is predicted faster with the overlaps than without.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <tuple>
 #include <cstdio>
 
 #include "parallel/plan/planner.h"
@@ -70,26 +68,8 @@ PlanOptions megatron_core_options(int gpus, const Overlaps& overlaps) {
 
 // The published layout's fastest fitting variant.
 const PlanEntry* published_entry(const Plan& plan, const H100Row& r) {
-  const int dp = r.gpus / (r.tp * r.pp);
-  for (const PlanEntry& e : plan.layouts)
-    if (e.fits && e.layout.tp == r.tp && e.layout.pp == r.pp && e.layout.dp == dp) return &e;
-  return nullptr;
-}
-
-// Rank (1-based) of the published (t, p, d) among every fitting (t, p, d) choice, each by its fastest variant.
-int published_rank(const Plan& plan, const H100Row& r, int* choices) {
-  std::vector<std::tuple<int, int, int>> seen;
-  int rank = 0;
-  for (const PlanEntry& e : plan.layouts) {
-    if (!e.fits) break;
-    const auto key = std::make_tuple(e.layout.tp, e.layout.pp, e.layout.dp);
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-    seen.push_back(key);
-    if (rank == 0 && e.layout.tp == r.tp && e.layout.pp == r.pp && e.layout.dp == r.gpus / (r.tp * r.pp))
-      rank = static_cast<int>(seen.size());
-  }
-  *choices = static_cast<int>(seen.size());
-  return rank;
+  const PlanEntry* e = find_choice(plan, r.tp, r.pp, r.gpus / (r.tp * r.pp));
+  return e && e->fits ? e : nullptr;
 }
 
 // TFLOP/s per GPU as the table counts them: model FLOPs, recomputation not included.
@@ -113,7 +93,7 @@ TEST(PlannerMegatronH100, WeakScalingTableWithMegatronCoreOverlaps) {
     const double predicted = model_tflops(r, *e), without = model_tflops(r, *n);
     const double err = predicted / r.tflops - 1, err_none = without / r.tflops - 1;
     int choices = 0;
-    const int rank = published_rank(overlapped, r, &choices);
+    const int rank = choice_rank(overlapped, r.tp, r.pp, r.gpus / (r.tp * r.pp), 1, &choices);
     const LayoutSpec& b = overlapped.best()->layout;
     std::printf("| %s | %d | %d/%d/%d | %.1f | %.1f | %+.1f%% | %lld, %d, %s | %.1f | %+.1f%% | %d (of %d) | %d/%d/%d |\n",
                 r.name, r.gpus, r.tp, r.pp, e->layout.dp, r.tflops, predicted, 100 * err,
