@@ -377,16 +377,11 @@ TransferCost run_transfers(const std::vector<Transfer>& transfers, double idle) 
   return {stall + kOverlapSlowdown * std::max(0.0, hidden - idle), hidden};
 }
 
-// A stage's parameters per model chunk (parameter counts) as fractions of the stage's.
+// A stage's parameters per model chunk (parameter counts, as doubles).
 std::vector<double> stage_chunk_counts(const ModelDescription& m, const LayoutSpec& l, int rank) {
   std::vector<double> counts;
   for (int64_t c : chunk_parameter_counts(m, l, rank)) counts.push_back(static_cast<double>(c));
   return counts;
-}
-
-// The bucketed chunk's transfer split in the embedding's bucket (`tail`, never beside compute) and the rest.
-double embedding_bucket_share(double chunk_params, double bucket_params, double embedding_params) {
-  return chunk_params > 0 ? std::min(1.0, std::max(bucket_params, embedding_params) / chunk_params) : 0;
 }
 
 // Where a pipeline rank's data-parallel transfers sit: its rank of p, its v chunks, Megatron-Core's
@@ -396,50 +391,63 @@ struct BucketLayout {
   double bucket_params = 0, embedding_params = 0;
 };
 
-// `total` seconds for the stage's chunks in proportion to their parameters; `pass` is one chunk's
-// backward of one microbatch. Launch order: the last chunk first.
-std::vector<Transfer> grad_reduce_transfers(double total, const std::vector<double>& chunks, const BucketLayout& b,
-                                            double pass) {
-  const int rank = b.rank, p = b.p, v = b.v;
+// `total` seconds of a stage's transfer shared over its chunks in proportion to their parameters.
+std::vector<double> chunk_seconds(double total, const std::vector<double>& chunks) {
   double params = 0;
   for (double c : chunks) params += c;
+  std::vector<double> out;
+  for (double c : chunks) out.push_back(params > 0 ? total * c / params : 0);
+  return out;
+}
+
+// The bucketed chunk's `seconds` split three ways: the bucket that holds the word embedding (at least all
+// of it), the bucket next to it (the first layers', one bucket or what is left), and the rest.
+struct BucketedChunk {
+  double embedding = 0, next = 0, rest = 0;
+};
+BucketedChunk split_bucketed_chunk(double seconds, double chunk_params, const BucketLayout& b) {
+  BucketedChunk out;
+  if (chunk_params <= 0) return out;
+  out.embedding = seconds * std::min(1.0, std::max(b.bucket_params, b.embedding_params) / chunk_params);
+  out.next = std::min(seconds - out.embedding, seconds * std::min(1.0, b.bucket_params / chunk_params));
+  out.rest = seconds - out.embedding - out.next;
+  return out;
+}
+
+// Gradient reductions; `pass` is one chunk's backward of one microbatch. Launch order: the last chunk
+// first. The embedding's bucket completes last and the first layers' bucket just before it: neither has
+// compute left beside it.
+std::vector<Transfer> grad_reduce_transfers(double total, const std::vector<double>& chunks, const BucketLayout& b,
+                                            double pass) {
+  const std::vector<double> seconds = chunk_seconds(total, chunks);
   std::vector<Transfer> out;
-  for (int c = v - 1; c >= 0; --c) {
-    const double seconds = params > 0 ? total * chunks[c] / params : 0;
-    if (rank == 0 && c == 0) {
-      // The embedding's bucket completes last, and the bucket before it (the first layers) just before:
-      // neither has compute left beside it.
-      const double tail = seconds * embedding_bucket_share(chunks[c], b.bucket_params, b.embedding_params);
-      const double last = std::min(seconds - tail, seconds * std::min(1.0, b.bucket_params / chunks[c]));
-      out.push_back({seconds - tail - last, -pass, 0});
-      out.push_back({last, 0, 0});
-      out.push_back({tail, 0, 0});
+  for (int c = b.v - 1; c >= 0; --c) {
+    if (b.rank == 0 && c == 0) {
+      const BucketedChunk k = split_bucketed_chunk(seconds[c], chunks[c], b);
+      out.push_back({k.rest, -pass, 0});
+      out.push_back({k.next, 0, 0});
+      out.push_back({k.embedding, 0, 0});
     } else {
-      out.push_back({seconds, -(c * p + rank) * pass, 0});
+      out.push_back({seconds[c], -(c * b.p + b.rank) * pass, 0});
     }
   }
   return out;
 }
 
-// `pass` is one chunk's forward of one microbatch. Launch order: the first chunk first.
+// Parameter gathers; `pass` is one chunk's forward of one microbatch. Launch order: the first chunk
+// first. The embedding's bucket is needed first and the first layers' bucket at once after it.
 std::vector<Transfer> param_gather_transfers(double total, const std::vector<double>& chunks, const BucketLayout& b,
                                              double pass) {
-  const int rank = b.rank, p = b.p, v = b.v;
-  double params = 0;
-  for (double c : chunks) params += c;
+  const std::vector<double> seconds = chunk_seconds(total, chunks);
   std::vector<Transfer> out;
-  for (int c = 0; c < v; ++c) {
-    const double seconds = params > 0 ? total * chunks[c] / params : 0;
-    const double deadline = (c * p + rank) * pass;
-    if (rank == 0 && c == 0) {
-      // The embedding's bucket is needed first, and the first layers' bucket at once after it.
-      const double head = seconds * embedding_bucket_share(chunks[c], b.bucket_params, b.embedding_params);
-      const double first = std::min(seconds - head, seconds * std::min(1.0, b.bucket_params / chunks[c]));
-      out.push_back({head, 0, 0});
-      out.push_back({first, 0, 0});
-      out.push_back({seconds - head - first, 0, pass});
+  for (int c = 0; c < b.v; ++c) {
+    if (b.rank == 0 && c == 0) {
+      const BucketedChunk k = split_bucketed_chunk(seconds[c], chunks[c], b);
+      out.push_back({k.embedding, 0, 0});
+      out.push_back({k.next, 0, 0});
+      out.push_back({k.rest, 0, pass});
     } else {
-      out.push_back({seconds, c <= 1 ? 0 : ((c - 1) * p + rank) * pass, deadline});
+      out.push_back({seconds[c], c <= 1 ? 0 : ((c - 1) * b.p + b.rank) * pass, (c * b.p + b.rank) * pass});
     }
   }
   return out;
