@@ -1,4 +1,7 @@
-// Column- and row-parallel linear layers over the backend's linear kernels, or the FP8 ones.
+// Column- and row-parallel linear layers over the backend's linear kernels, or the FP8 ones. Under
+// parallel.tp_comm_overlap FP8 layers overlap too: their casts run at the delayed scale, fixed during the
+// step, so a row block's cast and product are the whole tensor's rows, and the recorded amax is the
+// largest block's.
 #include "model/parallel_linear.h"
 
 namespace gpt {
@@ -22,9 +25,16 @@ void input_gradient_rows(Backend& be, const Fp8LinearScales& fp8, const Tensor& 
   if (fp8.recipe) fp8_linear_backward_input(be, fp8, dy, w, dx);
   else be.linear_backward_input(dy, w, dx);
 }
-// FP8 layers overlap too: their casts run at the delayed scale, fixed during the step, so a row block's
-// cast and product are the whole tensor's rows, and the recorded amax is the largest block's.
-bool overlapped(const LayerContext& ctx) { return tp_overlap_applies(ctx); }
+// pre = x . w^T + b and act = GELU(pre): fused on the backend, or the FP8 product and then GELU.
+void forward_gelu_gemm(Backend& be, const Fp8LinearScales& fp8, const Tensor& x, const Tensor& w, const Tensor* b,
+                       Tensor& pre, Tensor& act) {
+  if (fp8.recipe) {
+    fp8_linear_forward(be, fp8, x, w, b, pre);
+    be.gelu_forward(pre, act);
+  } else {
+    be.linear_gelu_forward(x, w, b, pre, act);
+  }
+}
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterSet& params, const std::string& prefix, const LinearSpec& s) {
@@ -47,12 +57,7 @@ void ColumnParallelLinear::forward(LayerContext& ctx, const Tensor& x, Tensor& y
 void ColumnParallelLinear::forward_gelu(LayerContext& ctx, const Tensor& x, Tensor& pre, Tensor& act) const {
   pre = ctx.backend.empty({x.dim(0), out_local_}, x.dtype());
   act = ctx.backend.empty({x.dim(0), out_local_}, x.dtype());
-  if (fp8_.recipe) {
-    fp8_linear_forward(ctx.backend, fp8_, x, weight_->value, bias_ ? &bias_->value : nullptr, pre);
-    ctx.backend.gelu_forward(pre, act);
-  } else {
-    ctx.backend.linear_gelu_forward(x, weight_->value, bias_ ? &bias_->value : nullptr, pre, act);
-  }
+  forward_gelu_gemm(ctx.backend, fp8_, x, weight_->value, bias_ ? &bias_->value : nullptr, pre, act);
 }
 
 void ColumnParallelLinear::backward(LayerContext& ctx, const Tensor& dy, const Tensor& x, Tensor* dx) const {
@@ -97,7 +102,7 @@ void RowParallelLinear::backward_dgelu(LayerContext& ctx, const Tensor& dy, cons
 }
 
 void ColumnParallelLinear::forward_with_entry(LayerContext& ctx, const Tensor& x, Tensor& x_full, Tensor& y) const {
-  if (!overlapped(ctx)) {
+  if (!tp_overlap_applies(ctx)) {
     x_full = enter_tp_region(ctx, x);
     forward(ctx, x_full, y);
     return;
@@ -112,7 +117,7 @@ void ColumnParallelLinear::forward_with_entry(LayerContext& ctx, const Tensor& x
 
 void ColumnParallelLinear::forward_gelu_with_entry(LayerContext& ctx, const Tensor& x, Tensor& x_full, Tensor& pre,
                                                    Tensor& act) const {
-  if (!overlapped(ctx)) {
+  if (!tp_overlap_applies(ctx)) {
     x_full = enter_tp_region(ctx, x);
     forward_gelu(ctx, x_full, pre, act);
     return;
@@ -122,17 +127,12 @@ void ColumnParallelLinear::forward_gelu_with_entry(LayerContext& ctx, const Tens
   const Tensor* b = bias_ ? &bias_->value : nullptr;
   x_full = gather_rows_overlapped(ctx, x, [&](int64_t r0, int64_t r1, const Tensor& x_rows) {
     Tensor pre_rows = pre.rows(r0, r1), act_rows = act.rows(r0, r1);
-    if (fp8_.recipe) {
-      fp8_linear_forward(ctx.backend, fp8_, x_rows, weight_->value, b, pre_rows);
-      ctx.backend.gelu_forward(pre_rows, act_rows);
-    } else {
-      ctx.backend.linear_gelu_forward(x_rows, weight_->value, b, pre_rows, act_rows);
-    }
+    forward_gelu_gemm(ctx.backend, fp8_, x_rows, weight_->value, b, pre_rows, act_rows);
   });
 }
 
 Tensor ColumnParallelLinear::backward_with_entry(LayerContext& ctx, const Tensor& dy, const Tensor& x_full) const {
-  if (!overlapped(ctx)) {
+  if (!tp_overlap_applies(ctx)) {
     Tensor dx_full;
     backward(ctx, dy, x_full, &dx_full);
     return enter_tp_region_backward(ctx, dx_full);
@@ -149,7 +149,7 @@ Tensor ColumnParallelLinear::backward_with_entry(LayerContext& ctx, const Tensor
 }
 
 Tensor RowParallelLinear::forward_with_exit(LayerContext& ctx, const Tensor& x_local) const {
-  if (!overlapped(ctx)) {
+  if (!tp_overlap_applies(ctx)) {
     Tensor partial;
     forward(ctx, x_local, partial);
     return exit_tp_region(ctx, partial);
@@ -179,13 +179,13 @@ void row_backward_overlapped(LayerContext& ctx, const Fp8LinearScales& fp8, cons
 
 void RowParallelLinear::backward_with_exit(LayerContext& ctx, const Tensor& dy, const Tensor& x_local,
                                            Tensor& dx_local) const {
-  if (!overlapped(ctx)) return backward(ctx, exit_tp_region_backward(ctx, dy), x_local, dx_local);
+  if (!tp_overlap_applies(ctx)) return backward(ctx, exit_tp_region_backward(ctx, dy), x_local, dx_local);
   row_backward_overlapped(ctx, fp8_, dy, x_local, *weight_, bias_, dx_local);
 }
 
 void RowParallelLinear::backward_dgelu_with_exit(LayerContext& ctx, const Tensor& dy, const Tensor& x_local,
                                                  const Tensor& pre, Tensor& dpre) const {
-  if (!overlapped(ctx)) return backward_dgelu(ctx, exit_tp_region_backward(ctx, dy), x_local, pre, dpre);
+  if (!tp_overlap_applies(ctx)) return backward_dgelu(ctx, exit_tp_region_backward(ctx, dy), x_local, pre, dpre);
   Tensor dact;
   row_backward_overlapped(ctx, fp8_, dy, x_local, *weight_, bias_, dact);
   dpre = ctx.backend.empty(pre.shape(), pre.dtype());
