@@ -52,7 +52,8 @@ TEST(PlannerHardware, FilesMatchTheBuiltIns) {
           &HardwareSpec::intra_node_efficiency, &HardwareSpec::intra_node_latency_us,
           &HardwareSpec::inter_node_bandwidth_gbs, &HardwareSpec::inter_node_efficiency,
           &HardwareSpec::inter_node_latency_us, &HardwareSpec::loss_bandwidth_gbs,
-          &HardwareSpec::optimizer_bandwidth_gbs}) {
+          &HardwareSpec::optimizer_bandwidth_gbs, &HardwareSpec::in_step_compute_fraction,
+          &HardwareSpec::sm_count}) {
       EXPECT_DOUBLE_EQ(file.*f, built.*f) << name;
       EXPECT_DOUBLE_EQ(round.*f, built.*f) << name;
     }
@@ -90,6 +91,9 @@ TEST(PlannerHardware, BadFilesNameTheKey) {
   EXPECT_NE(message(good + "loss_bandwidth_gbs: -1\n").find("loss_bandwidth_gbs must be >= 0"), std::string::npos);
   EXPECT_NE(message(good + "optimizer_bandwidth_gbs: fast\n").find("key 'optimizer_bandwidth_gbs' must be a number"),
             std::string::npos);
+  EXPECT_NE(message(good + "in_step_compute_fraction: 1.5\n").find("in_step_compute_fraction must lie in (0, 1]"),
+            std::string::npos);
+  EXPECT_NE(message(good + "sm_count: 8\n").find("sm_count must be 0 (unknown) or more than the 16"), std::string::npos);
   EXPECT_THROW(load_hardware("no-such-gpu"), std::runtime_error);
 }
 

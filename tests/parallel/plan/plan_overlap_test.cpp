@@ -324,6 +324,15 @@ TEST(PlanCommand, OverlapAndExplain) {
                            "hidden under the last backward", "optimizer", "step time", "memory per device",
                            "overlaps, asked", "applied: tp-userbuffers,grad-reduce", "p2p: not applicable"})
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  // Megatron's executor options reach the layouts (shown in the layout's description).
+  text = run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--overlap", "megatron-core", "--loss", "unfused",
+                           "--sp-inputs", "regathered", "--explain", "8,1,2"},
+                          &rc);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("unfused_cross_entropy regather_sp_inputs"), std::string::npos) << text;
+  EXPECT_NE(text.find("why: "), std::string::npos) << text;
+  run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--loss", "sometimes"}, &rc, &err);
+  EXPECT_EQ(rc, 2);
   // Bad input: refused with the flag named (exit 2), or exit 1 with a message naming the key or the rule.
   run_plan_command({"plan", "--config", cfg, "--gpus", "16", "--overlap", "sometimes"}, &rc, &err);
   EXPECT_EQ(rc, 2);
